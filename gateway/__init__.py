@@ -1,0 +1,1 @@
+"""The Ray Serve gateway: OpenAI-compatible ingress, request life cycle, and (later) the global queue."""

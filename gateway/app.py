@@ -1,0 +1,58 @@
+"""Ray Serve application builder: ``import_path: gateway.app:build_app`` in the deploy/ YAML files."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from ray import serve
+from ray.serve import Application
+
+from gateway.config import AppConfig, PoolConfig
+from gateway.ingress import Gateway
+from replicas.deployment import VLLMReplica
+
+logger = logging.getLogger(__name__)
+
+
+def build_app(args: dict[str, Any]) -> Application:
+    """Validate the YAML ``args`` and bind the gateway in front of one deployment per replica pool."""
+    config = AppConfig.model_validate(args).with_absolute_paths(os.getcwd())
+    _ensure_model(config)
+    pools = {pool.name: _bind_pool(pool, config) for pool in config.pools}
+    gateway = Gateway.options(
+        name="gateway",
+        num_replicas=config.gateway.num_replicas,
+        max_ongoing_requests=config.gateway.max_ongoing_requests,
+        ray_actor_options={"num_cpus": config.gateway.num_cpus},
+    )
+    return gateway.bind(pools, config.model.name)
+
+
+def _bind_pool(pool: PoolConfig, config: AppConfig) -> Application:
+    deployment = serve.deployment(VLLMReplica).options(
+        name=f"vllm-{pool.name}",
+        num_replicas=pool.num_replicas,
+        max_ongoing_requests=pool.max_ongoing_requests,
+        ray_actor_options={"num_cpus": pool.num_cpus, "num_gpus": pool.num_gpus},
+        health_check_period_s=10,
+        health_check_timeout_s=60,
+    )
+    return deployment.bind(
+        config.model.path,
+        config.model.name,
+        pool.engine.model_dump(),
+        pool.cpu_binding.model_dump() if pool.cpu_binding else None,
+        config.cache_dir,
+    )
+
+
+def _ensure_model(config: AppConfig) -> None:
+    if not config.model.build_tiny_model:
+        return
+    from replicas.tiny_model.build import build_tiny_model, is_built
+
+    if not is_built(config.model.path):
+        logger.info("building the tiny local model at %s", config.model.path)
+        build_tiny_model(config.model.path)

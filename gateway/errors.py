@@ -1,0 +1,110 @@
+"""Errors a client can see: typed, and mapped in one place to an HTTP status and an OpenAI error body.
+
+The body has OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, so the OpenAI SDKs raise
+their usual typed exceptions (BadRequestError, NotFoundError, ...) against this gateway.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+
+class GatewayError(Exception):
+    """Base of every error the gateway answers with; subclasses fix status, type and code."""
+
+    status: int = 500
+    error_type: str = "internal_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        """The OpenAI-format error body."""
+        return error_body(self.message, self.error_type, self.code, self.param)
+
+    def response(self) -> JSONResponse:
+        """The HTTP response for this error."""
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+class InvalidJSON(GatewayError):
+    """The body is not a JSON object."""
+
+    status, error_type, code = 400, "invalid_request_error", "invalid_json"
+
+
+class InvalidRequest(GatewayError):
+    """The body is JSON but does not match the endpoint's schema."""
+
+    status, error_type, code = 422, "invalid_request_error", "invalid_request"
+
+
+class ModelNotFound(GatewayError):
+    """The request names a model this gateway does not serve."""
+
+    status, error_type, code = 404, "invalid_request_error", "model_not_found"
+
+
+class RouteNotFound(GatewayError):
+    """No such endpoint."""
+
+    status, error_type, code = 404, "invalid_request_error", "not_found"
+
+
+class MethodNotAllowed(GatewayError):
+    """The endpoint exists but not for this HTTP method."""
+
+    status, error_type, code = 405, "invalid_request_error", "method_not_allowed"
+
+
+class UpstreamUnavailable(GatewayError):
+    """No replica could take the request (all gone, or failing)."""
+
+    status, error_type, code = 503, "service_unavailable", "replica_unavailable"
+
+
+class UpstreamError(GatewayError):
+    """An error vLLM returned for the request, carried through with vLLM's status and message."""
+
+    def __init__(self, status: int, message: str, code: str | None, param: str | None = None):
+        super().__init__(message, param=param)
+        self.status = status
+        self.error_type = _openai_type_for_status(status)
+        self.code = code
+
+
+def error_body(message: str, error_type: str, code: str | None, param: str | None = None) -> dict[str, Any]:
+    """An OpenAI-format error body."""
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+def from_vllm_error(vllm_error_body: dict[str, Any]) -> UpstreamError:
+    """Map vLLM's ErrorResponse (its ``code`` is the HTTP status) to an UpstreamError."""
+    error = vllm_error_body.get("error", {})
+    status = int(error.get("code") or 500)
+    message = str(error.get("message") or "the model server reported an error")
+    code = "context_length_exceeded" if _is_context_length_error(message) else None
+    return UpstreamError(status, message, code, error.get("param"))
+
+
+def _is_context_length_error(message: str) -> bool:
+    lowered = message.lower()
+    return "context length" in lowered or "maximum context" in lowered or "max_model_len" in lowered
+
+
+def _openai_type_for_status(status: int) -> str:
+    if status in (400, 404, 413, 422):
+        return "invalid_request_error"
+    if status in (401, 403):
+        return "authentication_error" if status == 401 else "permission_error"
+    if status == 429:
+        return "rate_limit_error"
+    if status == 503:
+        return "service_unavailable"
+    return "internal_error"

@@ -1,0 +1,71 @@
+"""Turn a raw HTTP body into a validated OpenAI request, using vLLM's own protocol models.
+
+Validating at the gateway means a malformed request is answered before it takes a place in any queue or
+on any replica; the replica validates again with the same models, so both ends agree on the schema.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from gateway.errors import InvalidJSON, InvalidRequest
+
+Endpoint = Literal["chat", "completion"]
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """A request that passed schema validation: the endpoint, the body as sent, and its key fields."""
+
+    endpoint: Endpoint
+    body: dict[str, Any]
+    model: str
+    stream: bool
+
+
+def parse_request(raw_body: bytes, endpoint: Endpoint) -> ParsedRequest:
+    """Parse and validate ``raw_body`` for ``endpoint``; raise InvalidJSON or InvalidRequest."""
+    try:
+        body = json.loads(raw_body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidJSON(f"The request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidJSON("The request body must be a JSON object.")
+    model_class = _request_model(endpoint)
+    try:
+        request = model_class.model_validate(body)
+    except ValidationError as exc:
+        raise _invalid_request(exc) from None
+    return ParsedRequest(endpoint=endpoint, body=body, model=request.model or "", stream=bool(request.stream))
+
+
+def preload_protocol_models() -> None:
+    """Import vLLM's protocol models now (takes seconds), so the first request does not pay for it."""
+    _request_model("chat")
+    _request_model("completion")
+
+
+def _request_model(endpoint: Endpoint) -> type:
+    if endpoint == "chat":
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+        return ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    return CompletionRequest
+
+
+def _invalid_request(exc: ValidationError) -> InvalidRequest:
+    first = exc.errors(include_url=False, include_input=False)[0]
+    param = ".".join(str(part) for part in first.get("loc", ())) or None
+    message = first.get("msg", "invalid request")
+    if param:
+        message = f"{param}: {message}"
+    extra = exc.error_count() - 1
+    if extra:
+        message += f" (and {extra} more error{'s' if extra > 1 else ''})"
+    return InvalidRequest(message, param=param)

@@ -1,0 +1,1 @@
+"""Pure decision code (classification, fairness, ordering, placement, admission): no I/O, no Ray, no Redis."""

@@ -1,0 +1,146 @@
+"""The vLLM replica: a Ray Serve deployment that owns one vLLM V1 async engine.
+
+It serves OpenAI completions and chat completions through vLLM's own serving classes, so request
+validation, chat templates, sampling parameters, usage accounting and the SSE format are vLLM's. The
+gateway calls :meth:`VLLMReplica.generate` with a plain request body; the first message it yields is a
+:class:`ReplicaReply` header, then (for streams) the SSE lines.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from replicas.cpu_binding import CpuBinding
+from replicas.engine_settings import EngineSettings
+
+logger = logging.getLogger(__name__)
+
+Endpoint = Literal["chat", "completion"]
+
+
+class ReplicaReply(BaseModel):
+    """First message of every reply: the HTTP status, and either the full JSON body or ``stream=True``."""
+
+    status: int
+    body: dict[str, Any] | None = None
+    stream: bool = False
+
+
+class VLLMReplica:
+    """One vLLM engine behind a Ray Serve replica (chunked prefill, priority scheduling)."""
+
+    async def __init__(
+        self,
+        model_path: str,
+        served_model_name: str,
+        engine: dict[str, Any],
+        cpu_binding: dict[str, Any] | None = None,
+        cache_dir: str | None = None,
+    ) -> None:
+        self._served_model_name = served_model_name
+        settings = EngineSettings.model_validate(engine)
+        _prepare_process_environment(cpu_binding, cache_dir)
+        self._engine, self._state = await _start_engine(settings, model_path, served_model_name)
+        logger.info("vLLM replica ready: model=%s settings=%s", served_model_name, settings.model_dump())
+
+    async def generate(self, endpoint: Endpoint, body: dict[str, Any]) -> AsyncIterator[dict[str, Any] | str]:
+        """Run one request; yield a ReplicaReply dict, then SSE lines if the reply streams.
+
+        When the caller goes away Ray Serve cancels this generator; vLLM's serving layer then aborts the
+        engine request, so no engine capacity is spent on a reply nobody reads.
+        """
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+        from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+        from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+        from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+
+        try:
+            if endpoint == "chat":
+                request = ChatCompletionRequest.model_validate(body)
+                result = await self._state.openai_serving_chat.create_chat_completion(request, None)
+            else:
+                request = CompletionRequest.model_validate(body)
+                result = await self._state.openai_serving_completion.create_completion(request, None)
+        except Exception as exc:  # vLLM's own mapping: validation errors are 4xx, the rest 5xx
+            result = create_error_response(exc)
+        if isinstance(result, ErrorResponse):
+            yield ReplicaReply(status=result.error.code, body=result.model_dump()).model_dump()
+            return
+        if hasattr(result, "model_dump"):
+            yield ReplicaReply(status=200, body=result.model_dump(exclude_none=True)).model_dump()
+            return
+        yield ReplicaReply(status=200, stream=True).model_dump()
+        async for line in result:
+            yield line
+
+    async def models(self) -> dict[str, Any]:
+        """vLLM's own /v1/models listing for this replica."""
+        listing = await self._state.openai_serving_models.show_available_models()
+        return listing.model_dump()
+
+    async def stats(self) -> dict[str, int]:
+        """Engine load: requests the engine has not finished yet (running or waiting)."""
+        return {"unfinished_requests": self._engine.output_processor.get_num_unfinished_requests()}
+
+    async def check_health(self) -> None:
+        """Ray Serve's health probe: raises when the engine is dead, so Serve restarts this replica."""
+        await self._engine.check_health()
+
+    def __del__(self) -> None:
+        engine = getattr(self, "_engine", None)
+        if engine is not None:
+            engine.shutdown()
+
+
+def _prepare_process_environment(cpu_binding: dict[str, Any] | None, cache_dir: str | None) -> None:
+    """Set the vLLM process environment before the engine starts (its worker processes inherit it)."""
+    if cache_dir:
+        os.makedirs(cache_dir, exist_ok=True)
+        os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(cache_dir, "vllm"))
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(cache_dir, "inductor"))
+        rpc_dir = os.path.join(cache_dir, "rpc")
+        os.makedirs(rpc_dir, exist_ok=True)
+        os.environ.setdefault("VLLM_RPC_BASE_PATH", rpc_dir)
+    if cpu_binding is not None:
+        binding = CpuBinding.model_validate(cpu_binding)
+        os.environ.update(binding.environment(_replica_local_rank()))
+
+
+def _replica_local_rank() -> int:
+    from ray import serve
+
+    try:
+        return serve.get_replica_context().rank.local_rank
+    except Exception:  # outside a Serve replica (local testing mode): behave as rank 0
+        return 0
+
+
+async def _start_engine(settings: EngineSettings, model_path: str, served_model_name: str) -> tuple[Any, Any]:
+    """Start vLLM's AsyncLLM and its OpenAI serving state from vLLM's own argument parser."""
+    from starlette.datastructures import State
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(
+        settings.to_cli_args(model_path, served_model_name)
+    )
+    engine_args = AsyncEngineArgs.from_cli_args(args)
+    vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+    engine = AsyncLLM.from_vllm_config(
+        vllm_config=vllm_config,
+        usage_context=UsageContext.OPENAI_API_SERVER,
+        enable_log_requests=False,
+        disable_log_stats=engine_args.disable_log_stats,
+    )
+    state = State()
+    await init_app_state(engine, state, args, await engine.get_supported_tasks())
+    return engine, state

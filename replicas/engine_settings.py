@@ -1,0 +1,84 @@
+"""Engine settings of one vLLM replica pool, validated, and turned into vLLM's own CLI arguments."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class EngineSettings(BaseModel):
+    """vLLM engine settings that matter for tail latency, with production-minded defaults.
+
+    The chunked-prefill budget (``max_num_batched_tokens``) bounds the work of one engine step, so a long
+    prompt is prefilled in chunks beside running decodes instead of stalling them.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_num_batched_tokens: int = Field(
+        512, ge=1, description="Chunked-prefill token budget per engine step (prefill + decode tokens)."
+    )
+    max_num_seqs: int = Field(32, ge=1, description="Most sequences in one running batch.")
+    max_model_len: int | None = Field(
+        None, ge=16, description="Context length served; None takes the model's own."
+    )
+    long_prefill_token_threshold: int = Field(
+        0, ge=0, description="Most prompt tokens one request may prefill per step (0: vLLM's default)."
+    )
+    max_num_partial_prefills: int | None = Field(
+        None,
+        ge=1,
+        description="Concurrent partial prefills; passed only when set, since vLLM 0.32 has no such option.",
+    )
+    scheduling_policy: Literal["priority", "fcfs"] = Field(
+        "priority", description="vLLM scheduler policy; 'priority' honours each request's integer priority."
+    )
+    enable_prefix_caching: bool = Field(True, description="Reuse KV cache across shared prompt prefixes.")
+    enforce_eager: bool = Field(
+        False, description="Skip graph compilation: faster start-up, slower steps (good for CPU dev loops)."
+    )
+    dtype: str = Field("auto", description="Weights and activation dtype passed to vLLM.")
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per replica (tensor parallelism).")
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="GPU only: fraction of device memory vLLM may take."
+    )
+    kv_cache_memory_bytes: int | None = Field(
+        None, ge=1, description="Explicit KV cache size in bytes (CPU and GPU); overrides memory sizing."
+    )
+    extra_args: list[str] = Field(
+        default_factory=list, description="Further vLLM CLI arguments, passed through verbatim."
+    )
+
+    @model_validator(mode="after")
+    def _budget_fits_batch(self) -> "EngineSettings":
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError("max_num_batched_tokens must be >= max_num_seqs (a vLLM requirement)")
+        return self
+
+    def to_cli_args(self, model_path: str, served_model_name: str) -> list[str]:
+        """vLLM CLI arguments equivalent to these settings, for vLLM's own argument parser."""
+        args = [
+            "--model", model_path,
+            "--served-model-name", served_model_name,
+            "--max-num-batched-tokens", str(self.max_num_batched_tokens),
+            "--max-num-seqs", str(self.max_num_seqs),
+            "--scheduling-policy", self.scheduling_policy,
+            "--dtype", self.dtype,
+            "--tensor-parallel-size", str(self.tensor_parallel_size),
+            "--enable-chunked-prefill",
+            "--enable-prefix-caching" if self.enable_prefix_caching else "--no-enable-prefix-caching",
+        ]  # fmt: skip
+        if self.max_model_len is not None:
+            args += ["--max-model-len", str(self.max_model_len)]
+        if self.max_num_partial_prefills is not None:
+            args += ["--max-num-partial-prefills", str(self.max_num_partial_prefills)]
+        if self.long_prefill_token_threshold:
+            args += ["--long-prefill-token-threshold", str(self.long_prefill_token_threshold)]
+        if self.enforce_eager:
+            args.append("--enforce-eager")
+        if self.gpu_memory_utilization is not None:
+            args += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
+        if self.kv_cache_memory_bytes is not None:
+            args += ["--kv-cache-memory-bytes", str(self.kv_cache_memory_bytes)]
+        return args + list(self.extra_args)

@@ -1,0 +1,80 @@
+"""Bring up the `serve run` deployment of deploy/local.yaml on a free port, as a user would run it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import yaml
+
+from tests.conftest import REPO_ROOT
+
+START_TIMEOUT_S = 420
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def serve_run(config_file: Path, work_dir: Path) -> Iterator[str]:
+    """Run ``serve run`` on a copy of ``config_file`` listening on a free port; yield its base URL.
+
+    Ready means the gateway answered /v1/models, which needs a vLLM replica up behind it.
+    """
+    document = yaml.safe_load(config_file.read_text())
+    port = free_port()
+    document["http_options"]["port"] = port
+    test_config = work_dir / config_file.name
+    test_config.write_text(yaml.safe_dump(document))
+    log_path = work_dir / "serve-run.log"
+    env = {**os.environ, "RAY_ADDRESS": "local", "RAY_AUTH_MODE": "disabled"}
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            ["serve", "run", str(test_config)], cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True,
+        )
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_until_ready(process, base_url, log_path)
+        yield base_url
+    finally:
+        _stop(process)
+
+
+def _wait_until_ready(process: subprocess.Popen, base_url: str, log_path: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    with httpx.Client(timeout=5.0) as client:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"serve run exited with {process.returncode}:\n{_tail(log_path)}")
+            try:
+                if client.get(f"{base_url}/v1/models").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+    raise TimeoutError(f"deployment not ready after {START_TIMEOUT_S}s:\n{_tail(log_path)}")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def _tail(path: Path, lines: int = 60) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

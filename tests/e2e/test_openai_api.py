@@ -1,0 +1,136 @@
+"""End to end: `serve run deploy/local.yaml` (gateway + 2 real vLLM CPU replicas), through HTTP.
+
+The OpenAI Python SDK is the client, as it is for users; raw httpx checks the wire format where the SDK
+would hide it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import REPO_ROOT, TINY_MODEL_NAME
+from tests.e2e.deployment import serve_run
+
+pytestmark = pytest.mark.e2e
+
+ERROR_KEYS = {"message", "type", "param", "code"}
+
+
+@pytest.fixture(scope="module")
+def base_url(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with serve_run(REPO_ROOT / "deploy" / "local.yaml", tmp_path_factory.mktemp("serve")) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(base_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused-in-issue-2", max_retries=0, timeout=60)
+
+
+def test_health(base_url: str) -> None:
+    assert httpx.get(f"{base_url}/health").json() == {"status": "ok"}
+
+
+def test_list_models(client: openai.OpenAI) -> None:
+    models = client.models.list()
+    assert [model.id for model in models.data] == [TINY_MODEL_NAME]
+
+
+def test_completion(client: openai.OpenAI) -> None:
+    completion = client.completions.create(
+        model=TINY_MODEL_NAME, prompt="The fleet", max_tokens=6, extra_body={"ignore_eos": True}
+    )
+    assert completion.object == "text_completion"
+    assert completion.choices[0].text
+    assert completion.usage.completion_tokens == 6
+    assert completion.usage.prompt_tokens > 0
+
+
+def test_chat_completion(client: openai.OpenAI) -> None:
+    chat = client.chat.completions.create(
+        model=TINY_MODEL_NAME, messages=[{"role": "user", "content": "Hello"}], max_tokens=5,
+        extra_body={"ignore_eos": True},
+    )
+    assert chat.object == "chat.completion"
+    assert chat.choices[0].message.role == "assistant"
+    assert chat.choices[0].message.content
+    assert chat.usage.completion_tokens == 5
+
+
+def test_priority_reaches_vllm(client: openai.OpenAI) -> None:
+    # Under vLLM's default FCFS policy a non-zero priority is an error; success shows the priority scheduler.
+    chat = client.chat.completions.create(
+        model=TINY_MODEL_NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+        extra_body={"priority": 5},
+    )
+    assert chat.choices[0].finish_reason in {"length", "stop"}
+
+
+def test_chat_stream_sdk(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model=TINY_MODEL_NAME, messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=8,
+        stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    assert len(chunks) > 2
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert chunks[-1].usage.completion_tokens == 8
+
+
+def test_stream_wire_format_ends_with_done(base_url: str) -> None:
+    body = {"model": TINY_MODEL_NAME, "prompt": "Once", "max_tokens": 4, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", f"{base_url}/v1/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in response.iter_lines() if line]
+    assert events[-1] == "data: [DONE]"
+    payloads = [json.loads(event.removeprefix("data: ")) for event in events[:-1]]
+    assert len(payloads) >= 4
+    assert {p["object"] for p in payloads} == {"text_completion"}
+
+
+def _error(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == ERROR_KEYS
+    return error
+
+
+def test_malformed_json_is_400(base_url: str) -> None:
+    response = httpx.post(f"{base_url}/v1/chat/completions", content=b"{not json",
+                          headers={"content-type": "application/json"})
+    assert _error(response, 400)["code"] == "invalid_json"
+
+
+def test_schema_error_is_422(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.UnprocessableEntityError) as caught:
+        client.completions.create(model=TINY_MODEL_NAME, prompt="x", max_tokens="many")  # type: ignore[arg-type]
+    assert caught.value.body["param"] == "max_tokens"
+
+
+def test_unknown_model_is_404(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
+    assert caught.value.body["code"] == "model_not_found"
+
+
+def test_prompt_over_context_is_400(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model=TINY_MODEL_NAME, prompt="hello world " * 3000, max_tokens=4)
+    assert caught.value.body["code"] == "context_length_exceeded"
+
+
+def test_negative_max_tokens_is_400(base_url: str) -> None:
+    body = {"model": TINY_MODEL_NAME, "prompt": "x", "max_tokens": -1}
+    assert _error(httpx.post(f"{base_url}/v1/completions", json=body), 400)["param"] == "max_tokens"
+
+
+def test_unknown_route_and_method(base_url: str) -> None:
+    assert _error(httpx.get(f"{base_url}/v1/nothing"), 404)["code"] == "not_found"
+    assert _error(httpx.get(f"{base_url}/v1/completions"), 405)["code"] == "method_not_allowed"

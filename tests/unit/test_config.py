@@ -1,0 +1,58 @@
+"""The Serve YAML's args block: the shipped configs validate, mistakes fail with the field named."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from gateway.config import AppConfig
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+
+
+@pytest.mark.parametrize("config_file", ["local.yaml", "gpu.yaml"])
+def test_shipped_configs_validate(config_file: str) -> None:
+    document = yaml.safe_load((DEPLOY / config_file).read_text())
+    (application,) = document["applications"]
+    assert application["import_path"] == "gateway.app:build_app"
+    config = AppConfig.model_validate(application["args"])
+    assert config.pools, "at least one replica pool"
+
+
+def test_local_config_is_two_cpu_replicas_with_explicit_cpus() -> None:
+    document = yaml.safe_load((DEPLOY / "local.yaml").read_text())
+    assert document["http_options"] == {"host": "127.0.0.1", "port": 8000}
+    config = AppConfig.model_validate(document["applications"][0]["args"])
+    assert sum(pool.num_replicas for pool in config.pools) == 2
+    assert all(pool.num_cpus > 0 and pool.num_gpus == 0 for pool in config.pools)
+    assert config.gateway.num_cpus > 0
+    assert config.model.build_tiny_model
+
+
+def _minimal(**overrides) -> dict:
+    args = {"model": {"name": "m", "path": "models/m"}, "pools": [{"name": "default"}]}
+    args.update(overrides)
+    return args
+
+
+def test_duplicate_pool_names_fail() -> None:
+    with pytest.raises(ValidationError, match="pool names must be unique"):
+        AppConfig.model_validate(_minimal(pools=[{"name": "a"}, {"name": "a"}]))
+
+
+def test_misspelt_field_fails() -> None:
+    with pytest.raises(ValidationError, match="num_replica"):
+        AppConfig.model_validate(_minimal(pools=[{"name": "a", "num_replica": 2}]))
+
+
+def test_relative_paths_resolve_against_the_start_directory(tmp_path: Path) -> None:
+    config = AppConfig.model_validate(_minimal(model={"name": "m", "path": "m", "build_tiny_model": True}))
+    resolved = config.with_absolute_paths(str(tmp_path))
+    assert resolved.model.path == str(tmp_path / "m")
+    assert resolved.cache_dir == str(tmp_path / ".cache" / "runtime")
+
+
+def test_hub_id_is_left_alone(tmp_path: Path) -> None:
+    config = AppConfig.model_validate(_minimal(model={"name": "m", "path": "org/model"}))
+    assert config.with_absolute_paths(str(tmp_path)).model.path == "org/model"

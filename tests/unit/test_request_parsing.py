@@ -1,0 +1,46 @@
+"""Request parsing with vLLM's protocol models, and the OpenAI error format it answers with."""
+
+import json
+
+import pytest
+
+from gateway.errors import InvalidJSON, InvalidRequest, from_vllm_error
+from gateway.request_parsing import parse_request
+
+
+def test_valid_chat_request() -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    parsed = parse_request(json.dumps(body).encode(), "chat")
+    assert (parsed.endpoint, parsed.model, parsed.stream, parsed.body) == ("chat", "m", True, body)
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"\xff\xfe", b"[1, 2]", b"\"text\""])
+def test_non_object_bodies_are_400(raw: bytes) -> None:
+    with pytest.raises(InvalidJSON) as caught:
+        parse_request(raw, "completion")
+    assert caught.value.status == 400
+    assert caught.value.body()["error"]["code"] == "invalid_json"
+
+
+def test_schema_error_names_the_parameter() -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        parse_request(b'{"model": "m", "prompt": "x", "max_tokens": "many"}', "completion")
+    error = caught.value.body()["error"]
+    assert caught.value.status == 422
+    assert error["param"] == "max_tokens"
+    assert error["type"] == "invalid_request_error"
+
+
+def test_schema_error_does_not_echo_the_prompt() -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        parse_request(b'{"model": "m", "messages": "secret prompt text"}', "chat")
+    assert "secret prompt text" not in json.dumps(caught.value.body())
+
+
+def test_vllm_context_length_error_maps_to_openai_code() -> None:
+    vllm_body = {"error": {"message": "This model's maximum context length is 4096 tokens. However...",
+                           "type": "BadRequestError", "param": "input_tokens", "code": 400}}
+    error = from_vllm_error(vllm_body)
+    assert error.status == 400
+    assert error.body() == {"error": {"message": vllm_body["error"]["message"], "type": "invalid_request_error",
+                                      "param": "input_tokens", "code": "context_length_exceeded"}}
