@@ -23,3 +23,12 @@ def tiny_model_path() -> Path:
     if not is_built(TINY_MODEL_DIR):
         build_tiny_model(TINY_MODEL_DIR)
     return TINY_MODEL_DIR
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory):
+    """URL of a real redis-server started for this test session."""
+    from tests.redis_server import running_redis
+
+    with running_redis(tmp_path_factory.mktemp("redis")) as url:
+        yield url

@@ -1,0 +1,14 @@
+-- Finish a granted ticket exactly once: return its capacity, correct the charge to the actual tokens.
+-- PAYLOAD: {ticket_id, actual_cost}
+reap()
+local t = ticket_fields(PAYLOAD.ticket_id)
+local done = false
+if t and t.granted_to ~= "" then
+  release(t)
+  charge(t.charged_band, t.tenant, (PAYLOAD.actual_cost - t.cost) / t.weight)
+  delete_ticket(t)
+  redis.call("HINCRBY", K_STATS, "completed", 1)
+  redis.call("HINCRBY", K_STATS, "served_tokens", PAYLOAD.actual_cost)
+  done = true
+end
+return cjson.encode({done = done, grants = dispatch()})

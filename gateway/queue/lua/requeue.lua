@@ -1,0 +1,14 @@
+-- Put a granted ticket back at the head of its tenant's queue (its replica was gone), undoing the charge.
+-- PAYLOAD: {ticket_id}
+reap()
+local t = ticket_fields(PAYLOAD.ticket_id)
+local moved = false
+if t and t.granted_to ~= "" then
+  release(t)
+  charge(t.charged_band, t.tenant, -t.cost / t.weight)
+  redis.call("HSET", k_ticket(t.id), "granted_to", "", "charged_band", "")
+  push(t, t.band, true)
+  redis.call("HINCRBY", K_STATS, "requeued", 1)
+  moved = true
+end
+return cjson.encode({moved = moved, grants = dispatch()})

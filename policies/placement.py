@@ -1,0 +1,27 @@
+"""Replica placement: which replica a granted ticket runs on.
+
+Among replicas that fit the ticket (accept its length class, have a free slot and enough free tokens),
+the one with the most free slots wins, then the most free tokens, then the smallest id: spreading load
+keeps batches small, which keeps inter-token latency low. The Lua dispatch applies the same order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from policies.types import ReplicaCapacity
+
+
+def choose_replica(replicas: Iterable[ReplicaCapacity], cost: int, length_class: str) -> ReplicaCapacity | None:
+    """The best replica for a ticket of ``cost`` tokens and ``length_class``, or None if none fits now."""
+    best: ReplicaCapacity | None = None
+    for replica in replicas:
+        if not replica.fits(cost, length_class):
+            continue
+        if best is None or _rank(replica) < _rank(best):
+            best = replica
+    return best
+
+
+def _rank(replica: ReplicaCapacity) -> tuple[int, int, str]:
+    return (-replica.slots_free, -replica.tokens_free, replica.replica_id)

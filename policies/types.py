@@ -1,0 +1,72 @@
+"""Plain value types shared by the policies, the Redis queue and the simulator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class BandPolicy:
+    """One priority band. Bands are strict: a lower-ranked band runs only when no higher one can.
+
+    ``aging_ms`` is the starvation guard: a ticket that has waited that long in this band is promoted to
+    the band above (and may be promoted again from there). 0 disables aging for the band.
+    """
+
+    name: str
+    aging_ms: int = 0
+    max_queued: int = 10_000
+    max_queued_tokens: int = 10_000_000
+
+
+@dataclass(frozen=True)
+class TicketSpec:
+    """What the queue knows of a request: never its prompt, only who, how urgent, how big, which class."""
+
+    ticket_id: str
+    tenant: str
+    band: str
+    cost: int
+    weight: float = 1.0
+    length_class: str = "short"
+    owner: str = ""
+
+
+@dataclass(frozen=True)
+class Grant:
+    """The queue's decision: this ticket runs now on this replica."""
+
+    ticket_id: str
+    replica_id: str
+    band: str
+    tenant: str
+
+
+@dataclass
+class ReplicaCapacity:
+    """A replica's registered capacity and what of it is free (mutable model state)."""
+
+    replica_id: str
+    slots_total: int
+    tokens_total: int
+    accepts: frozenset[str] = field(default_factory=lambda: frozenset({"short", "long"}))
+    pool: str = "default"
+    slots_free: int = -1
+    tokens_free: int = -1
+    expires_ms: int = 0
+
+    def __post_init__(self) -> None:
+        if self.slots_free < 0:
+            self.slots_free = self.slots_total
+        if self.tokens_free < 0:
+            self.tokens_free = self.tokens_total
+
+    def fits(self, cost: int, length_class: str) -> bool:
+        """True when a ticket of this cost and class may start here now.
+
+        An idle replica takes any ticket it accepts, even one above its token budget, so a request larger
+        than any budget still runs (alone) instead of waiting forever.
+        """
+        if length_class not in self.accepts or self.slots_free < 1:
+            return False
+        return self.tokens_free >= cost or self.slots_free == self.slots_total

@@ -1,0 +1,119 @@
+"""The Lua dispatch and the pure-Python reference make the same decisions on the same random workloads.
+
+Each workload interleaves every call (enqueue, replica registration and expiry, completion with actual
+costs, cancellation, requeue, lease renewal, time passing past leases and aging limits) and compares every
+result, then the full state (counters bit for bit, queue depths, replica capacity).
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+
+import pytest
+import redis
+
+from gateway.queue.keys import QueueKeys
+from gateway.queue.redis_queue import BlockingGlobalQueue, QueueSettings
+from policies.reference_scheduler import ReferenceScheduler
+from policies.types import BandPolicy, ReplicaCapacity, TicketSpec
+
+pytestmark = pytest.mark.integration
+
+BANDS = (
+    BandPolicy("interactive", aging_ms=0, max_queued=40, max_queued_tokens=8000),
+    BandPolicy("standard", aging_ms=900, max_queued=40, max_queued_tokens=8000),
+    BandPolicy("batch", aging_ms=1500, max_queued=30, max_queued_tokens=6000),
+)
+LEASE_MS = 4000
+TENANTS = ["acme", "blue", "core", "delta"]
+WEIGHTS = {"acme": 1.0, "blue": 2.0, "core": 0.5, "delta": 3.0}
+
+
+def _queues(redis_url: str) -> tuple[BlockingGlobalQueue, ReferenceScheduler]:
+    keys = QueueKeys(namespace=f"t{uuid.uuid4().hex[:12]}")
+    lua = BlockingGlobalQueue(redis.Redis.from_url(redis_url), keys, QueueSettings(BANDS, lease_ms=LEASE_MS))
+    return lua, ReferenceScheduler(list(BANDS), max_grants_per_dispatch=lua.settings.max_grants)
+
+
+def _replica(rng: random.Random, replica_id: str) -> ReplicaCapacity:
+    accepts = rng.choice([frozenset({"short", "long"}), frozenset({"short"}), frozenset({"long"})])
+    return ReplicaCapacity(replica_id, slots_total=rng.randint(1, 4), tokens_total=rng.randint(200, 1500),
+                           accepts=accepts)
+
+
+def _state_matches(lua: BlockingGlobalQueue, ref: ReferenceScheduler, now: int) -> None:
+    snapshot = lua.snapshot(now)
+    for band in snapshot["bands"]:
+        assert (band["queued"], band["queued_tokens"]) == ref.queued(band["name"])
+        counters = band["counters"] if isinstance(band["counters"], dict) else {}
+        for tenant, value in counters.items():
+            assert float(value) == ref.counter(band["name"], tenant), (band["name"], tenant)
+    lua_replicas = {r["replica_id"]: (r["slots_free"], r["tokens_free"]) for r in snapshot["replicas"] or []}
+    assert lua_replicas == {r.replica_id: (r.slots_free, r.tokens_free) for r in ref.replicas.values()}
+    assert snapshot["tickets"] == len(ref.tickets)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_workload_same_decisions(redis_url: str, seed: int) -> None:
+    rng = random.Random(seed)
+    lua, ref = _queues(redis_url)
+    now = 1_000_000
+    granted: list[str] = []
+    waiting: list[str] = []
+    replica_ids = [f"replica-{i}" for i in range(3)]
+    decisions = 0
+
+    for step in range(260):
+        now += rng.choice([0, 0, 5, 20, 80, 250])
+        op = rng.random()
+        if op < 0.45:
+            spec = TicketSpec(
+                ticket_id=f"s{seed}-{step}", tenant=rng.choice(TENANTS), band=rng.choice(BANDS).name,
+                cost=rng.randint(1, 600), weight=0, length_class=rng.choice(["short", "short", "long"]),
+            )
+            spec = TicketSpec(**{**spec.__dict__, "weight": WEIGHTS[spec.tenant]})
+            got = lua.enqueue(spec, now)
+            want, want_grants = ref.enqueue(spec, now, LEASE_MS)
+            assert got.status == ("admitted" if want.admitted else want.reason)
+            assert got.grants == want_grants
+            if got.admitted:
+                waiting.append(spec.ticket_id)
+            outcome = got.grants
+        elif op < 0.55:
+            replica = _replica(rng, rng.choice(replica_ids))
+            outcome = lua.register_replica(replica, LEASE_MS, now)
+            assert outcome == ref.register_replica(replica, now, LEASE_MS)
+        elif op < 0.75 and granted:
+            ticket_id = granted.pop(rng.randrange(len(granted)))
+            ticket = ref.tickets.get(ticket_id)
+            actual = rng.randint(0, ticket.spec.cost) if ticket else 1
+            done, outcome = lua.complete(ticket_id, actual, now)
+            assert (done, outcome) == ref.complete(ticket_id, actual, now)
+        elif op < 0.82 and waiting:
+            ticket_id = waiting.pop(rng.randrange(len(waiting)))
+            status, outcome = lua.cancel(ticket_id, now)
+            assert (status, outcome) == ref.cancel(ticket_id, now)
+            if status == "granted":
+                granted.append(ticket_id)
+        elif op < 0.86 and granted:
+            ticket_id = rng.choice(granted)
+            moved, outcome = lua.requeue(ticket_id, now)
+            assert (moved, outcome) == ref.requeue(ticket_id, now)
+        elif op < 0.93:
+            alive = [t for t in waiting + granted if rng.random() < 0.8]
+            assert lua.renew(alive, now) == ref.renew(alive, now, LEASE_MS)
+            outcome = []
+        else:
+            now += rng.choice([1000, 2000, 4500])  # past aging limits, sometimes past leases
+            outcome = lua.expire(now)
+            assert outcome == ref.expire(now)
+        for grant in outcome:
+            decisions += 1
+            if grant.ticket_id in waiting:
+                waiting.remove(grant.ticket_id)
+            granted.append(grant.ticket_id)
+        granted = [t for t in dict.fromkeys(granted) if t in ref.tickets]
+        waiting = [t for t in waiting if t in ref.tickets]
+        _state_matches(lua, ref, now)
+    assert decisions > 20, "the workload should exercise dispatch"
