@@ -8,6 +8,7 @@ from typing import Any
 
 from ray import serve
 from ray.serve import Application
+from ray.serve.config import RequestRouterConfig
 
 from gateway.config import AppConfig, PoolConfig
 from gateway.ingress import Gateway
@@ -27,10 +28,14 @@ def build_app(args: dict[str, Any]) -> Application:
         max_ongoing_requests=config.gateway.max_ongoing_requests,
         ray_actor_options={"num_cpus": config.gateway.num_cpus},
     )
-    return gateway.bind(pools, config.model.name)
+    queue = config.queue.model_dump() if config.queue.enabled else None
+    return gateway.bind(pools, config.model.name, config.model.path, queue)
 
 
 def _bind_pool(pool: PoolConfig, config: AppConfig) -> Application:
+    routing = {}
+    if config.queue.enabled:  # placement is the global queue's; the router only honours its grants
+        routing["request_router_config"] = RequestRouterConfig(request_router_class="gateway.routing:GrantRouter")
     deployment = serve.deployment(VLLMReplica).options(
         name=f"vllm-{pool.name}",
         num_replicas=pool.num_replicas,
@@ -38,6 +43,7 @@ def _bind_pool(pool: PoolConfig, config: AppConfig) -> Application:
         ray_actor_options={"num_cpus": pool.num_cpus, "num_gpus": pool.num_gpus},
         health_check_period_s=10,
         health_check_timeout_s=60,
+        **routing,
     )
     return deployment.bind(
         config.model.path,
@@ -45,6 +51,8 @@ def _bind_pool(pool: PoolConfig, config: AppConfig) -> Application:
         pool.engine.model_dump(),
         pool.cpu_binding.model_dump() if pool.cpu_binding else None,
         config.cache_dir,
+        config.queue.model_dump() if config.queue.enabled else None,
+        pool.name,
     )
 
 

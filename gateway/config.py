@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from replicas.cpu_binding import CpuBinding
 from replicas.engine_settings import EngineSettings
@@ -50,6 +50,62 @@ class GatewayDeploymentConfig(BaseModel):
     max_ongoing_requests: int = Field(2000, ge=1, description="Requests one gateway replica holds at once.")
 
 
+class BandConfig(BaseModel):
+    """One priority band of the global queue (bands are listed highest first)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", description="Band name, as clients name it.")
+    aging_s: float = Field(0, ge=0, description="Starvation guard: waiting this long promotes a ticket one band.")
+    max_queued: int = Field(10_000, ge=1, description="Most tickets waiting in this band (then 429).")
+    max_queued_tokens: int = Field(50_000_000, ge=1, description="Most estimated tokens waiting (then 429).")
+
+
+def _default_bands() -> list[BandConfig]:
+    return [
+        BandConfig(name="interactive"),
+        BandConfig(name="standard", aging_s=30),
+        BandConfig(name="batch", aging_s=60),
+    ]
+
+
+class QueueConfig(BaseModel):
+    """The Redis-backed global queue: fleet-wide priority bands and token-weighted fairness."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(True, description="Off: forward straight to replicas (Serve's default router).")
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        description="Redis URL (redis://, rediss:// for TLS, user:password@ for AUTH); REDIS_URL overrides.",
+    )
+    namespace: str = Field("default", description="Queue namespace: one per independent fleet or model.")
+    bands: list[BandConfig] = Field(default_factory=_default_bands, description="Bands, highest first.")
+    default_band: str = Field("standard", description="Band of a request that names none.")
+    lease_s: float = Field(10, gt=0, description="Ticket and replica lease; renewed every third of it.")
+    max_wait_s: float = Field(120, gt=0, description="Longest a request waits for a grant (then 429).")
+    retry_after_s: int = Field(2, ge=1, description="Retry-After sent with a queue-full or timeout 429.")
+    long_prompt_above: int = Field(512, ge=1, description="Prompts above this many tokens are 'long'.")
+    default_output_tokens: int = Field(256, ge=1, description="Output estimate when max_tokens is unset.")
+    trust_tenant_header: bool = Field(
+        False, description="Local/dev only: take the tenant from x-tenant-id (no authentication)."
+    )
+    tenant_weights: dict[str, float] = Field(default_factory=dict, description="Fair-share weight per tenant.")
+
+    @model_validator(mode="after")
+    def _bands_consistent(self) -> "QueueConfig":
+        names = [band.name for band in self.bands]
+        if not names or len(set(names)) != len(names):
+            raise ValueError(f"band names must be unique and non-empty, got {names}")
+        if self.default_band not in names:
+            raise ValueError(f"default_band {self.default_band!r} is not one of {names}")
+        return self
+
+    def resolved_redis_url(self) -> str:
+        """REDIS_URL from the environment when set, else the configured URL."""
+        return os.environ.get("REDIS_URL") or self.redis_url
+
+
 class AppConfig(BaseModel):
     """Everything ``build_app`` needs: the model, the replica pools and the gateway."""
 
@@ -58,6 +114,7 @@ class AppConfig(BaseModel):
     model: ModelSource
     pools: list[PoolConfig] = Field(min_length=1, description="Replica pools; the first is the default.")
     gateway: GatewayDeploymentConfig = Field(default_factory=GatewayDeploymentConfig)
+    queue: QueueConfig = Field(default_factory=QueueConfig, description="The global queue.")
     cache_dir: str = Field(".cache/runtime", description="Where vLLM keeps compile caches and IPC sockets.")
 
     @field_validator("pools")

@@ -69,6 +69,47 @@ class UpstreamUnavailable(GatewayError):
     status, error_type, code = 503, "service_unavailable", "replica_unavailable"
 
 
+class InvalidHeader(GatewayError):
+    """A request header has a value the gateway does not accept."""
+
+    status, error_type, code = 400, "invalid_request_error", "invalid_header"
+
+
+class ContextLengthExceeded(GatewayError):
+    """Prompt plus requested output does not fit the model's context."""
+
+    status, error_type, code = 400, "invalid_request_error", "context_length_exceeded"
+
+
+class Rejected(GatewayError):
+    """A request turned away by admission: carries its reason in ``x-fleetgate-rejected-reason``."""
+
+    def __init__(self, message: str, reason: str, retry_after_s: int | None = None) -> None:
+        headers = {"x-fleetgate-rejected-reason": reason}
+        if retry_after_s is not None:
+            headers["Retry-After"] = str(retry_after_s)
+        super().__init__(message, headers=headers)
+        self.reason = reason
+
+
+class QueueFull(Rejected):
+    """The band's queue is at its limit: back off and retry."""
+
+    status, error_type, code = 429, "rate_limit_error", "queue_full"
+
+
+class QueueTimeout(Rejected):
+    """No capacity came free before the request's queueing deadline."""
+
+    status, error_type, code = 429, "rate_limit_error", "queue_timeout"
+
+
+class QueueUnavailable(Rejected):
+    """The global queue (Redis) cannot be reached."""
+
+    status, error_type, code = 503, "service_unavailable", "queue_unavailable"
+
+
 class UpstreamError(GatewayError):
     """An error vLLM returned for the request, carried through with vLLM's status and message."""
 

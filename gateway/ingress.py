@@ -1,13 +1,16 @@
 """The gateway ingress: an OpenAI-compatible FastAPI app served by Ray Serve.
 
-One request's life is one readable path: parse -> check the model -> forward to a replica pool -> stream
-back. Later steps (authenticate, classify, admit through the global queue, account) slot in between.
+A request's life, one step per function: parse -> check the model -> classify (tenant, band, prompt
+tokens, length class, cost) -> admit through the global queue and wait for a grant -> forward to exactly
+the granted replica -> stream back -> account (release capacity, charge the tokens served, exactly once).
+With the queue disabled, requests go straight to a replica through Serve's default router (the baseline).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,6 +20,8 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from gateway.accounting import StreamUsage
+from gateway.config import QueueConfig
 from gateway.errors import (
     GatewayError,
     MethodNotAllowed,
@@ -27,6 +32,7 @@ from gateway.errors import (
     from_vllm_error,
 )
 from gateway.request_parsing import Endpoint, ParsedRequest, parse_request, preload_protocol_models
+from gateway.routing import GRANT_KWARG
 
 logger = logging.getLogger(__name__)
 
@@ -54,15 +60,19 @@ async def _unexpected_error(_: Request, exc: Exception) -> JSONResponse:
 
 
 # Defined before the deployment class: Serve serialises the class when it is decorated.
-async def _relay_stream(replies: DeploymentResponseGenerator) -> AsyncIterator[str]:
+async def _relay_stream(
+    replies: DeploymentResponseGenerator, usage: StreamUsage | None = None, on_end: Any = None
+) -> AsyncIterator[str]:
     """Relay the replica's SSE lines; on a replica failure end with an error event and [DONE].
 
     If the client goes away, Starlette cancels this generator; cancelling ``replies`` then propagates to
-    the replica, which aborts the vLLM request.
+    the replica, which aborts the vLLM request. ``on_end`` (accounting) runs exactly once, however the
+    stream ends.
     """
     try:
         async for line in replies:
-            yield line
+            if usage is None or usage.observe(line):
+                yield line
     except Exception as exc:  # the replica died or failed mid-stream
         logger.warning("stream from replica failed: %s", type(exc).__name__)
         error = error_body("The model replica failed during the stream.", "service_unavailable", "replica_failed")
@@ -70,14 +80,23 @@ async def _relay_stream(replies: DeploymentResponseGenerator) -> AsyncIterator[s
         yield "data: [DONE]\n\n"
     finally:
         replies.cancel()
+        if on_end is not None:
+            await on_end()
 
 
 @serve.deployment
 @serve.ingress(api)
 class Gateway:
-    """Ray Serve ingress deployment: validates OpenAI requests and forwards them to vLLM replica pools."""
+    """Ray Serve ingress deployment: validates OpenAI requests, admits them through the global queue, and
+    forwards each to the replica its grant names."""
 
-    def __init__(self, pools: dict[str, DeploymentHandle], served_model_name: str) -> None:
+    def __init__(
+        self,
+        pools: dict[str, DeploymentHandle],
+        served_model_name: str,
+        model_path: str | None = None,
+        queue: dict[str, Any] | None = None,
+    ) -> None:
         if not pools:
             raise ValueError("the gateway needs at least one replica pool")
         self._pools = pools
@@ -85,6 +104,11 @@ class Gateway:
         self._served_model_name = served_model_name
         self._models_listing: dict[str, Any] | None = None
         preload_protocol_models()
+        self._admission = None
+        if queue is not None and queue.get("enabled", True):
+            from gateway.admission import Admission
+
+            self._admission = Admission(QueueConfig.model_validate(queue), model_path or "")
 
     @api.get("/health")
     async def health(self) -> dict[str, str]:
@@ -104,29 +128,21 @@ class Gateway:
     @api.post("/v1/chat/completions")
     async def chat_completions(self, request: Request) -> Response:
         """OpenAI chat completions, streaming or not."""
-        return await self._serve(await request.body(), "chat")
+        return await self._serve(request, "chat")
 
     @api.post("/v1/completions")
     async def completions(self, request: Request) -> Response:
         """OpenAI (legacy) completions, streaming or not."""
-        return await self._serve(await request.body(), "completion")
+        return await self._serve(request, "completion")
 
-    async def _serve(self, raw_body: bytes, endpoint: Endpoint) -> Response:
-        parsed = parse_request(raw_body, endpoint)
+    async def _serve(self, request: Request, endpoint: Endpoint) -> Response:
+        parsed = parse_request(await request.body(), endpoint)
         self._check_model(parsed)
-        replies = self._forward(parsed)
-        try:
-            header = await replies.__anext__()
-        except BaseException as exc:
-            replies.cancel()
-            if isinstance(exc, Exception):
-                raise UpstreamUnavailable(f"The model replica failed: {type(exc).__name__}") from None
-            raise
-        if header["status"] != 200:
-            raise from_vllm_error(header["body"])
-        if not header["stream"]:
-            return JSONResponse(header["body"])
-        return StreamingResponse(_relay_stream(replies), media_type="text/event-stream")
+        if self._admission is None:
+            return await self._respond(parsed, self._forward(parsed, None), None)
+        max_model_len = int((await self.list_models())["data"][0].get("max_model_len") or 0)
+        ticket = await self._admission.classify(parsed, request.headers, max_model_len)
+        return await self._admission.run(ticket, lambda grant: self._forward(ticket.parsed, grant), self._respond)
 
     def _check_model(self, parsed: ParsedRequest) -> None:
         if parsed.model != self._served_model_name:
@@ -135,6 +151,39 @@ class Gateway:
                 param="model",
             )
 
-    def _forward(self, parsed: ParsedRequest) -> DeploymentResponseGenerator:
+    def _forward(self, parsed: ParsedRequest, replica_id: str | None) -> DeploymentResponseGenerator:
         pool = self._pools[self._default_pool]
-        return pool.options(stream=True).generate.remote(parsed.endpoint, parsed.body)
+        kwargs = {GRANT_KWARG: replica_id} if replica_id else {}
+        return pool.options(stream=True).generate.remote(parsed.endpoint, parsed.body, **kwargs)
+
+    @staticmethod
+    async def _respond(
+        parsed: ParsedRequest, replies: DeploymentResponseGenerator, accounting: Any
+    ) -> Response:
+        """Turn the replica's reply into the HTTP response; ``accounting`` hears how it ended."""
+        started = time.monotonic()
+        try:
+            header = await replies.__anext__()
+        except BaseException as exc:
+            replies.cancel()
+            if accounting is not None:
+                await accounting.failed()
+            if isinstance(exc, Exception):
+                raise UpstreamUnavailable(f"The model replica failed: {type(exc).__name__}") from None
+            raise
+        if accounting is not None and await accounting.misrouted(header):
+            return await accounting.retry()
+        if header["status"] != 200:
+            if accounting is not None:
+                await accounting.failed()
+            raise from_vllm_error(header["body"])
+        headers = accounting.response_headers() if accounting is not None else {}
+        if not header["stream"]:
+            if accounting is not None:
+                await accounting.finished((header["body"].get("usage") or {}).get("total_tokens"))
+            return JSONResponse(header["body"], headers=headers)
+        usage = accounting.stream_usage() if accounting is not None else None
+        on_end = accounting.stream_ended if accounting is not None else None
+        logger.debug("stream started after %.1f ms", (time.monotonic() - started) * 1000)
+        return StreamingResponse(_relay_stream(replies, usage, on_end), media_type="text/event-stream",
+                                 headers=headers)

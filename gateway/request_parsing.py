@@ -25,6 +25,8 @@ class ParsedRequest:
     body: dict[str, Any]
     model: str
     stream: bool
+    max_tokens: int | None
+    body_chars: int
 
 
 def parse_request(raw_body: bytes, endpoint: Endpoint) -> ParsedRequest:
@@ -40,7 +42,11 @@ def parse_request(raw_body: bytes, endpoint: Endpoint) -> ParsedRequest:
         request = model_class.model_validate(body)
     except ValidationError as exc:
         raise _invalid_request(exc) from None
-    return ParsedRequest(endpoint=endpoint, body=body, model=request.model or "", stream=bool(request.stream))
+    max_tokens = getattr(request, "max_completion_tokens", None) or getattr(request, "max_tokens", None)
+    return ParsedRequest(
+        endpoint=endpoint, body=body, model=request.model or "", stream=bool(request.stream),
+        max_tokens=max_tokens, body_chars=len(raw_body),
+    )
 
 
 def preload_protocol_models() -> None:

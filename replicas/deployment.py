@@ -15,12 +15,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from policies.types import ReplicaCapacity
+from replicas.capacity import CapacityRegistration
 from replicas.cpu_binding import CpuBinding
 from replicas.engine_settings import EngineSettings
 
 logger = logging.getLogger(__name__)
 
 Endpoint = Literal["chat", "completion"]
+MISROUTED = 421  # "misdirected request": the call reached a replica other than the granted one
 
 
 class ReplicaReply(BaseModel):
@@ -41,19 +44,41 @@ class VLLMReplica:
         engine: dict[str, Any],
         cpu_binding: dict[str, Any] | None = None,
         cache_dir: str | None = None,
+        queue: dict[str, Any] | None = None,
+        pool: str = "default",
+        accepts: list[str] | None = None,
     ) -> None:
         self._served_model_name = served_model_name
+        self.replica_id = _serve_replica_id()
         settings = EngineSettings.model_validate(engine)
         _prepare_process_environment(cpu_binding, cache_dir)
         self._engine, self._state = await _start_engine(settings, model_path, served_model_name)
-        logger.info("vLLM replica ready: model=%s settings=%s", served_model_name, settings.model_dump())
+        self._capacity = ReplicaCapacity(
+            replica_id=self.replica_id,
+            slots_total=settings.max_num_seqs,
+            tokens_total=_kv_capacity_tokens(self._engine, settings),
+            accepts=frozenset(accepts or ("short", "long")),
+            pool=pool,
+        )
+        self._registration = CapacityRegistration(queue, self._capacity) if queue else None
+        if self._registration is not None:
+            await self._registration.start()
+        logger.info("vLLM replica %s ready: pool=%s capacity=%s settings=%s", self.replica_id, pool,
+                    self._capacity, settings.model_dump())
 
-    async def generate(self, endpoint: Endpoint, body: dict[str, Any]) -> AsyncIterator[dict[str, Any] | str]:
+    async def generate(
+        self, endpoint: Endpoint, body: dict[str, Any], granted_replica: str | None = None
+    ) -> AsyncIterator[dict[str, Any] | str]:
         """Run one request; yield a ReplicaReply dict, then SSE lines if the reply streams.
 
+        ``granted_replica`` is the replica the global queue granted the request to; a call that reaches
+        another replica (the granted one is gone) is answered MISROUTED at once, and the gateway requeues.
         When the caller goes away Ray Serve cancels this generator; vLLM's serving layer then aborts the
         engine request, so no engine capacity is spent on a reply nobody reads.
         """
+        if granted_replica is not None and granted_replica != self.replica_id:
+            yield ReplicaReply(status=MISROUTED).model_dump()
+            return
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
         from vllm.entrypoints.openai.completion.protocol import CompletionRequest
         from vllm.entrypoints.serve.engine.protocol import ErrorResponse
@@ -91,7 +116,15 @@ class VLLMReplica:
         """Ray Serve's health probe: raises when the engine is dead, so Serve restarts this replica."""
         await self._engine.check_health()
 
+    async def capacity(self) -> dict[str, Any]:
+        """The capacity this replica registers with the global queue."""
+        return {"replica_id": self.replica_id, "slots_total": self._capacity.slots_total,
+                "tokens_total": self._capacity.tokens_total, "pool": self._capacity.pool}
+
     def __del__(self) -> None:
+        registration = getattr(self, "_registration", None)
+        if registration is not None:
+            registration.stop()
         engine = getattr(self, "_engine", None)
         if engine is not None:
             engine.shutdown()
@@ -109,6 +142,26 @@ def _prepare_process_environment(cpu_binding: dict[str, Any] | None, cache_dir: 
     if cpu_binding is not None:
         binding = CpuBinding.model_validate(cpu_binding)
         os.environ.update(binding.environment(_replica_local_rank()))
+
+
+def _serve_replica_id() -> str:
+    from ray import serve
+
+    try:
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # outside a Serve replica (local testing mode)
+        import uuid
+
+        return f"local-{uuid.uuid4().hex[:8]}"
+
+
+def _kv_capacity_tokens(engine: Any, settings: EngineSettings) -> int:
+    """Tokens the engine's KV cache holds (blocks x block size); a conservative estimate if unknown."""
+    cache = engine.vllm_config.cache_config
+    blocks = getattr(cache, "num_gpu_blocks", None)
+    if blocks:
+        return int(blocks) * int(cache.block_size)
+    return settings.max_num_seqs * (settings.max_model_len or 2048)
 
 
 def _replica_local_rank() -> int:

@@ -7,7 +7,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -26,7 +26,8 @@ def free_port() -> int:
 
 
 @contextmanager
-def serve_run(config_file: Path, work_dir: Path) -> Iterator[str]:
+def serve_run(config_file: Path, work_dir: Path, env: dict[str, str] | None = None,
+              edit: Callable[[dict], None] | None = None) -> Iterator[str]:
     """Run ``serve run`` on a copy of ``config_file`` listening on a free port; yield its base URL.
 
     Ready means the gateway answered /v1/models, which needs a vLLM replica up behind it.
@@ -34,10 +35,12 @@ def serve_run(config_file: Path, work_dir: Path) -> Iterator[str]:
     document = yaml.safe_load(config_file.read_text())
     port = free_port()
     document["http_options"]["port"] = port
+    if edit is not None:
+        edit(document["applications"][0]["args"])
     test_config = work_dir / config_file.name
     test_config.write_text(yaml.safe_dump(document))
     log_path = work_dir / "serve-run.log"
-    env = {**os.environ, "RAY_ADDRESS": "local", "RAY_AUTH_MODE": "disabled"}
+    env = {**os.environ, "RAY_ADDRESS": "local", "RAY_AUTH_MODE": "disabled", **(env or {})}
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             ["serve", "run", str(test_config)], cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,

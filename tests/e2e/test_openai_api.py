@@ -23,8 +23,9 @@ ERROR_KEYS = {"message", "type", "param", "code"}
 
 
 @pytest.fixture(scope="module")
-def base_url(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with serve_run(REPO_ROOT / "deploy" / "local.yaml", tmp_path_factory.mktemp("serve")) as url:
+def base_url(tiny_model_path: Path, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    config = REPO_ROOT / "deploy" / "local.yaml"
+    with serve_run(config, tmp_path_factory.mktemp("serve"), env={"REDIS_URL": redis_url}) as url:
         yield url
 
 

@@ -1,0 +1,175 @@
+"""One gateway replica's connection to the global queue: admit, wait for a grant, finish, renew leases.
+
+Waiting is event-driven: each gateway replica blocks on one Redis list (its inbox) into which the dispatch
+step pushes grants, and resolves the waiting request's future; no request polls. A background task renews
+the leases of every ticket this replica owns, so if the replica dies its tickets expire and their
+capacity returns to the fleet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+
+import redis.asyncio as aioredis
+
+from gateway.queue.redis_queue import RedisGlobalQueue
+from policies.types import Grant, TicketSpec
+
+logger = logging.getLogger(__name__)
+
+
+class QueueRejected(Exception):
+    """The band's admission limits are reached (queue full): answer 429."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class QueueDeadlineExpired(Exception):
+    """No grant came before the ticket's deadline; the ticket was withdrawn."""
+
+
+class QueueSession:
+    """Admission through the global queue for one gateway replica (owner of its tickets)."""
+
+    def __init__(self, queue: RedisGlobalQueue, blocking_client: aioredis.Redis, owner: str | None = None) -> None:
+        self.queue = queue
+        self.owner = owner or f"gw-{uuid.uuid4().hex[:16]}"
+        self._blocking = blocking_client
+        self._waiting: dict[str, asyncio.Future[Grant]] = {}
+        self._owned: set[str] = set()
+        self._tasks: list[asyncio.Task] = []
+
+    async def start(self) -> None:
+        """Start the inbox listener and the lease keeper (idempotent)."""
+        if not self._tasks:
+            self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._keep_leases())]
+
+    async def close(self) -> None:
+        """Stop the background tasks."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+
+    @property
+    def owned(self) -> frozenset[str]:
+        """Tickets this replica holds (waiting or running)."""
+        return frozenset(self._owned)
+
+    def new_ticket_id(self) -> str:
+        """A fresh ticket id (also used as the request's engine id suffix)."""
+        return uuid.uuid4().hex
+
+    async def admit(self, spec: TicketSpec, timeout_s: float) -> Grant:
+        """Enqueue ``spec`` and wait up to ``timeout_s`` for its grant.
+
+        Raises QueueRejected (limits), QueueDeadlineExpired (withdrawn after the deadline) or a Redis error.
+        If the caller is cancelled while waiting, the ticket is withdrawn (or, if a grant won the race,
+        finished at zero cost) before the cancellation propagates.
+        """
+        await self.start()
+
+        async def enqueue() -> list[Grant]:
+            result = await self.queue.enqueue(spec)
+            if not result.admitted:
+                raise QueueRejected(result.status)
+            self._owned.add(spec.ticket_id)
+            return result.grants
+
+        return await self._wait_for_grant(spec, timeout_s, enqueue)
+
+    async def wait_again(self, spec: TicketSpec, timeout_s: float) -> Grant:
+        """Put a granted ticket back at the head of its queue and wait for its next grant."""
+
+        async def requeue() -> list[Grant]:
+            if not await self.queue.requeue(spec.ticket_id):
+                raise QueueDeadlineExpired()
+            return []
+
+        return await self._wait_for_grant(spec, timeout_s, requeue)
+
+    async def _wait_for_grant(
+        self, spec: TicketSpec, timeout_s: float, submit: Callable[[], Awaitable[list[Grant]]]
+    ) -> Grant:
+        # the future exists before the ticket does, so a grant pushed at once is never missed
+        future: asyncio.Future[Grant] = asyncio.get_running_loop().create_future()
+        self._waiting[spec.ticket_id] = future
+        try:
+            for grant in await submit():
+                if grant.ticket_id == spec.ticket_id and not future.done():
+                    future.set_result(grant)
+            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
+        except asyncio.TimeoutError:
+            grant = await self._withdraw(spec)
+            if grant is None:
+                raise QueueDeadlineExpired() from None
+            return grant
+        except asyncio.CancelledError:
+            await asyncio.shield(self._abandon(spec))
+            raise
+        finally:
+            self._waiting.pop(spec.ticket_id, None)
+
+    async def finish(self, ticket_id: str, actual_cost: int) -> bool:
+        """Release the grant's capacity and charge ``actual_cost`` (exactly once; later calls are no-ops)."""
+        try:
+            return await self.queue.complete(ticket_id, actual_cost)
+        finally:
+            self._owned.discard(ticket_id)
+
+    async def _withdraw(self, spec: TicketSpec) -> Grant | None:
+        status, replica_id = await self.queue.cancel(spec.ticket_id)
+        if status == "granted":  # the grant won the race with the deadline: use it
+            return Grant(spec.ticket_id, replica_id, spec.band, spec.tenant)
+        self._owned.discard(spec.ticket_id)
+        return None
+
+    async def _abandon(self, spec: TicketSpec) -> None:
+        try:
+            status, _ = await self.queue.cancel(spec.ticket_id)
+            if status == "granted":
+                await self.queue.complete(spec.ticket_id, 0)
+        except Exception:  # Redis gone: the ticket's lease expires instead
+            logger.warning("could not withdraw an abandoned ticket; its lease will expire")
+        finally:
+            self._owned.discard(spec.ticket_id)
+
+    async def _listen(self) -> None:
+        inbox = self.queue.keys.inbox(self.owner)
+        while True:
+            try:
+                item = await self._blocking.blpop([inbox], timeout=1)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis restarting: back off briefly, leases cover the gap
+                logger.warning("grant inbox unavailable (%s); retrying", type(exc).__name__)
+                await asyncio.sleep(0.5)
+                continue
+            if item is None:
+                continue
+            message = json.loads(item[1])
+            future = self._waiting.get(message["ticket_id"])
+            if future is not None and not future.done():
+                future.set_result(Grant(message["ticket_id"], message["replica_id"], message["band"], message["tenant"]))
+
+    async def _keep_leases(self) -> None:
+        period = max(self.queue.settings.lease_ms / 3000, 0.2)
+        while True:
+            await asyncio.sleep(period)
+            try:
+                if self._owned:
+                    await self.queue.renew(sorted(self._owned))
+                await self.queue.expire()  # also reaps other gateways' and replicas' lapsed leases
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                logger.warning("lease renewal failed (%s)", type(exc).__name__)

@@ -1,0 +1,56 @@
+"""Count a request's prompt tokens with the served model's own tokenizer (chat template applied).
+
+Counted once, at the gateway, and passed on: the cost estimate, the length class and the context check all
+use this number. Long prompts are tokenized in a worker thread so the event loop keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from gateway.request_parsing import ParsedRequest
+
+OFF_LOOP_ABOVE_CHARS = 4_000
+
+
+class PromptTokenCounter:
+    """Prompt token counts for one model, from its Hugging Face tokenizer."""
+
+    def __init__(self, model_path: str) -> None:
+        from transformers import AutoTokenizer
+
+        self._tokenizer = AutoTokenizer.from_pretrained(model_path)
+
+    async def count(self, parsed: ParsedRequest) -> int:
+        """Prompt tokens of ``parsed`` (off the event loop when the prompt is long)."""
+        if parsed.body_chars > OFF_LOOP_ABOVE_CHARS:
+            return await asyncio.to_thread(self.count_now, parsed)
+        return self.count_now(parsed)
+
+    def count_now(self, parsed: ParsedRequest) -> int:
+        """Prompt tokens of ``parsed``, on the calling thread."""
+        if parsed.endpoint == "chat":
+            return self._chat_tokens(parsed.body)
+        return self._completion_tokens(parsed.body.get("prompt", ""))
+
+    def _chat_tokens(self, body: dict[str, Any]) -> int:
+        ids = self._tokenizer.apply_chat_template(
+            body.get("messages", []),
+            tokenize=True,
+            add_generation_prompt=body.get("add_generation_prompt", True),
+            continue_final_message=body.get("continue_final_message", False),
+            **(body.get("chat_template_kwargs") or {}),
+        )
+        if hasattr(ids, "keys"):  # a BatchEncoding
+            ids = ids["input_ids"]
+        return len(ids)
+
+    def _completion_tokens(self, prompt: Any) -> int:
+        if isinstance(prompt, str):
+            return len(self._tokenizer(prompt).input_ids)
+        if isinstance(prompt, list) and prompt and all(isinstance(token, int) for token in prompt):
+            return len(prompt)
+        if isinstance(prompt, list):  # a batch of prompts: the request costs all of them
+            return sum(self._completion_tokens(item) for item in prompt)
+        return 0

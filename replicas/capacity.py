@@ -1,0 +1,49 @@
+"""A replica's capacity registration with the global queue: registered at start, renewed by heartbeat.
+
+A replica whose heartbeat stops (actor died, node lost) lets its lease lapse; the dispatch step then
+stops granting to it. A graceful stop deregisters at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from policies.types import ReplicaCapacity
+
+logger = logging.getLogger(__name__)
+
+
+class CapacityRegistration:
+    """Keeps one replica's capacity lease alive in the global queue."""
+
+    def __init__(self, queue_config: dict[str, Any], capacity: ReplicaCapacity) -> None:
+        from gateway.config import QueueConfig
+        from gateway.queue.factory import global_queue, redis_client
+
+        config = QueueConfig.model_validate(queue_config)
+        self._queue = global_queue(config, redis_client(config))
+        self._capacity = capacity
+        self._lease_ms = int(config.lease_s * 1000)
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        """Register now (failing loudly if Redis is unreachable), then renew in the background."""
+        await self._queue.register_replica(self._capacity, self._lease_ms)
+        self._task = asyncio.create_task(self._renew_forever())
+
+    async def _renew_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._lease_ms / 3000)
+            try:
+                await self._queue.register_replica(self._capacity, self._lease_ms)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis restarting: keep trying; the lease bridges short gaps
+                logger.warning("capacity heartbeat failed: %s", type(exc).__name__)
+
+    def stop(self) -> None:
+        """Stop renewing; the lease lapses (deregistration needs a running loop, which __del__ lacks)."""
+        if self._task is not None:
+            self._task.cancel()
