@@ -140,6 +140,7 @@ class TicketAccounting:
             "x-fleetgate-length-class": self._ticket.spec.length_class,
             "x-fleetgate-queue-ms": f"{self._queue_ms:.1f}",
             "x-fleetgate-prompt-tokens": str(self._ticket.prompt_tokens),
+            "x-fleetgate-gateway": self._session.owner,
         }
 
     async def misrouted(self, header: dict[str, Any]) -> bool:

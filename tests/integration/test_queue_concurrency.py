@@ -1,0 +1,134 @@
+"""Several gateways (own connections, many tasks each) against one real Redis: nothing lost, nothing twice.
+
+Also: a gateway that dies mid-request (stops renewing) loses its leases, and the capacity returns; a
+deadline withdraws a waiting ticket; a cancelled waiter leaves no ticket behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections import Counter
+
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.queue.keys import QueueKeys
+from gateway.queue.redis_queue import QueueSettings, RedisGlobalQueue
+from gateway.queue.session import QueueDeadlineExpired, QueueSession
+from policies.types import BandPolicy, ReplicaCapacity, TicketSpec
+
+pytestmark = pytest.mark.integration
+
+BANDS = (BandPolicy("interactive"), BandPolicy("standard", aging_ms=2000), BandPolicy("batch", aging_ms=4000))
+GATEWAYS = 4
+TASKS_PER_GATEWAY = 40
+REPLICAS = {"replica-a": (3, 2000), "replica-b": (2, 1500)}
+
+
+def _queue(redis_url: str, namespace: str, lease_ms: int = 15_000) -> RedisGlobalQueue:
+    return RedisGlobalQueue(aioredis.Redis.from_url(redis_url), QueueKeys(namespace=namespace),
+                            QueueSettings(BANDS, lease_ms=lease_ms))
+
+
+async def _register(queue: RedisGlobalQueue) -> None:
+    for replica_id, (slots, tokens) in REPLICAS.items():
+        await queue.register_replica(ReplicaCapacity(replica_id, slots, tokens), lease_ms=600_000)
+
+
+async def test_many_gateways_every_ticket_ends_exactly_once(redis_url: str) -> None:
+    namespace = f"c{uuid.uuid4().hex[:10]}"
+    await _register(_queue(redis_url, namespace))
+    sessions = [QueueSession(_queue(redis_url, namespace), aioredis.Redis.from_url(redis_url)) for _ in range(GATEWAYS)]
+    running = Counter()
+    peak = Counter()
+    served = []
+
+    async def request(session: QueueSession, index: int) -> tuple[str, str]:
+        rng = random.Random(index)
+        spec = TicketSpec(session.new_ticket_id(), tenant=f"tenant-{index % 5}", band=rng.choice(BANDS).name,
+                          cost=rng.randint(10, 900), weight=1.0 + index % 3, owner=session.owner)
+        grant = await session.admit(spec, timeout_s=60)
+        running[grant.replica_id] += 1
+        peak[grant.replica_id] = max(peak[grant.replica_id], running[grant.replica_id])
+        await asyncio.sleep(rng.random() * 0.01)
+        running[grant.replica_id] -= 1
+        actual = rng.randint(1, spec.cost)
+        served.append(actual)
+        assert await session.finish(spec.ticket_id, actual)
+        assert not await session.finish(spec.ticket_id, actual), "a second finish must be a no-op"
+        return spec.ticket_id, grant.replica_id
+
+    results = await asyncio.gather(*(
+        request(session, g * TASKS_PER_GATEWAY + i) for g, session in enumerate(sessions) for i in range(TASKS_PER_GATEWAY)
+    ))
+    for session in sessions:
+        await session.close()
+    assert len({ticket for ticket, _ in results}) == GATEWAYS * TASKS_PER_GATEWAY
+    for replica_id, (slots, _) in REPLICAS.items():
+        assert peak[replica_id] <= slots, "a replica never runs more than its slots"
+    snapshot = await _queue(redis_url, namespace).snapshot()
+    assert snapshot["tickets"] == 0
+    assert snapshot["stats"]["granted"] == snapshot["stats"]["completed"] == GATEWAYS * TASKS_PER_GATEWAY
+    assert snapshot["stats"]["served_tokens"] == sum(served)
+    for replica in snapshot["replicas"]:
+        assert (replica["slots_free"], replica["tokens_free"]) == (replica["slots_total"], replica["tokens_total"])
+
+
+async def test_dead_gateway_leases_expire_and_capacity_returns(redis_url: str) -> None:
+    namespace = f"d{uuid.uuid4().hex[:10]}"
+    queue = _queue(redis_url, namespace, lease_ms=1_000)
+    await _register(queue)
+    dying = QueueSession(queue, aioredis.Redis.from_url(redis_url))
+    specs = [TicketSpec(dying.new_ticket_id(), "t", "standard", 100, owner=dying.owner) for _ in range(8)]
+    granted = [await queue.enqueue(spec) for spec in specs]  # 5 slots: 5 granted, 3 waiting
+    assert sum(len(result.grants) for result in granted) == 5
+    # the gateway dies: nothing renews its leases; a sweep one lease later reclaims everything
+    later = (await queue.snapshot())["now_ms"] + 1_001
+    await queue.expire(now_ms=later)
+    snapshot = await queue.snapshot(now_ms=later)
+    assert snapshot["tickets"] == 0 and snapshot["stats"]["expired"] == 8
+    assert all(band["queued"] == 0 for band in snapshot["bands"])
+    for replica in snapshot["replicas"]:
+        assert (replica["slots_free"], replica["tokens_free"]) == (replica["slots_total"], replica["tokens_total"])
+
+
+async def test_deadline_withdraws_the_ticket(redis_url: str) -> None:
+    namespace = f"e{uuid.uuid4().hex[:10]}"
+    queue = _queue(redis_url, namespace)  # no replica registered: nothing can be granted
+    session = QueueSession(queue, aioredis.Redis.from_url(redis_url))
+    spec = TicketSpec(session.new_ticket_id(), "t", "batch", 50, owner=session.owner)
+    with pytest.raises(QueueDeadlineExpired):
+        await session.admit(spec, timeout_s=0.3)
+    snapshot = await queue.snapshot()
+    assert snapshot["tickets"] == 0 and snapshot["stats"]["cancelled"] == 1
+    await session.close()
+
+
+async def test_cancelled_waiter_leaves_nothing_behind(redis_url: str) -> None:
+    namespace = f"f{uuid.uuid4().hex[:10]}"
+    queue = _queue(redis_url, namespace)
+    session = QueueSession(queue, aioredis.Redis.from_url(redis_url))
+    spec = TicketSpec(session.new_ticket_id(), "t", "batch", 50, owner=session.owner)
+    waiter = asyncio.create_task(session.admit(spec, timeout_s=30))
+    while (await queue.snapshot())["tickets"] == 0:  # the ticket is in Redis, waiting
+        await asyncio.sleep(0.01)
+    waiter.cancel()  # the client went away while queued
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert (await queue.snapshot())["tickets"] == 0
+    assert session.owned == frozenset()
+    await session.close()
+
+
+async def test_redis_url_with_password(tmp_path) -> None:
+    from tests.redis_server import running_redis
+
+    with running_redis(tmp_path, password="s3cret-pw") as url:
+        queue = _queue(url, "auth")
+        await _register(queue)
+        result = await queue.enqueue(TicketSpec("one", "t", "interactive", 10))
+        assert result.admitted and result.grants[0].replica_id == "replica-a"
+        with pytest.raises(Exception, match="(?i)auth"):
+            await _queue(url.replace(":s3cret-pw@", ":wrong@"), "auth").snapshot()
