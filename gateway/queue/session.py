@@ -45,6 +45,7 @@ class QueueSession:
         self._waiting: dict[str, asyncio.Future[Grant]] = {}
         self._owned: set[str] = set()
         self._tasks: list[asyncio.Task] = []
+        self._closing = False
 
     async def start(self) -> None:
         """Start the inbox listener and the lease keeper (idempotent)."""
@@ -52,13 +53,16 @@ class QueueSession:
             self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._keep_leases())]
 
     async def close(self) -> None:
-        """Stop the background tasks."""
+        """Stop the background tasks and close the Redis connections."""
+        self._closing = True
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if self._tasks:  # a BLPOP being cancelled can linger in redis-py; do not wait on it for long
+            await asyncio.wait(self._tasks, timeout=2)
         self._tasks = []
+        for client in {id(c): c for c in (self._blocking, self.queue.client)}.values():
+            with contextlib.suppress(Exception):
+                await client.aclose()
 
     @property
     def owned(self) -> frozenset[str]:
@@ -145,13 +149,15 @@ class QueueSession:
 
     async def _listen(self) -> None:
         inbox = self.queue.keys.inbox(self.owner)
-        while True:
+        while not self._closing:
             try:
                 item = await self._blocking.blpop([inbox], timeout=1)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis restarting: back off briefly, leases cover the gap
-                logger.warning("grant inbox unavailable (%s); retrying", type(exc).__name__)
+                if self._closing:  # redis-py may surface our own cancellation as a ConnectionError
+                    return
+                logger.warning("grant inbox unavailable (%s: %s); retrying", type(exc).__name__, exc)
                 await asyncio.sleep(0.5)
                 continue
             if item is None:
@@ -163,7 +169,7 @@ class QueueSession:
 
     async def _keep_leases(self) -> None:
         period = max(self.queue.settings.lease_ms / 3000, 0.2)
-        while True:
+        while not self._closing:
             await asyncio.sleep(period)
             try:
                 if self._owned:

@@ -124,7 +124,7 @@ async def test_cancelled_waiter_leaves_nothing_behind(redis_url: str) -> None:
 
 
 async def test_redis_url_with_password(tmp_path) -> None:
-    from tests.redis_server import running_redis
+    from gateway.queue.local_redis import running_redis
 
     with running_redis(tmp_path, password="s3cret-pw") as url:
         queue = _queue(url, "auth")

