@@ -17,7 +17,15 @@ import redis
 
 from gateway.accounting import StreamUsage
 from gateway.config import QueueConfig
-from gateway.errors import ContextLengthExceeded, InvalidHeader, QueueFull, QueueTimeout, QueueUnavailable, UpstreamUnavailable
+from gateway.errors import (
+    ContextLengthExceeded,
+    GatewayError,
+    InvalidHeader,
+    QueueFull,
+    QueueTimeout,
+    QueueUnavailable,
+    UpstreamUnavailable,
+)
 from gateway.queue.session import QueueDeadlineExpired, QueueRejected, QueueSession
 from gateway.request_parsing import ParsedRequest
 from gateway.tokens import PromptTokenCounter
@@ -109,16 +117,21 @@ class Admission:
     async def _wait(self, waiting: Awaitable[Grant]) -> Grant:
         try:
             return await waiting
-        except QueueRejected as exc:
-            raise QueueFull(f"The queue for this priority band is full ({exc.reason}); retry later.",
-                            reason="rejected-saturated", retry_after_s=self.config.retry_after_s) from None
-        except QueueDeadlineExpired:
-            raise QueueTimeout("No capacity became free before the request's queueing deadline.",
-                               reason="rejected-ttl-expired", retry_after_s=self.config.retry_after_s) from None
-        except redis.RedisError as exc:
-            logger.warning("global queue unavailable: %s", type(exc).__name__)
-            raise QueueUnavailable("The global queue is unavailable; retry shortly.",
-                                   reason="queue-unavailable", retry_after_s=1) from None
+        except (QueueRejected, QueueDeadlineExpired, redis.RedisError) as exc:
+            raise admission_error(exc, self.config.retry_after_s) from None
+
+
+def admission_error(exc: Exception, retry_after_s: int) -> GatewayError:
+    """The client-facing error for a failed admission: 429 (full, timed out) or 503 (queue unreachable)."""
+    if isinstance(exc, QueueRejected):
+        return QueueFull(f"The queue for this priority band is full ({exc.reason}); retry later.",
+                         reason="rejected-saturated", retry_after_s=retry_after_s)
+    if isinstance(exc, QueueDeadlineExpired):
+        return QueueTimeout("No capacity became free before the request's queueing deadline.",
+                            reason="rejected-ttl-expired", retry_after_s=retry_after_s)
+    logger.warning("global queue unavailable: %s", type(exc).__name__)
+    return QueueUnavailable("The global queue is unavailable; retry shortly.", reason="queue-unavailable",
+                            retry_after_s=1)
 
 
 class TicketAccounting:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up (if needed) and run the local CPU deployment in the foreground: the gateway and 2 vLLM CPU replicas
-# of the tiny model on http://127.0.0.1:8000, and a local Redis for the global queue (unless REDIS_URL is set). Extra arguments go to `serve run` (e.g. another config file).
+# of the tiny model on http://127.0.0.1:8000, with a local Redis for the global queue unless REDIS_URL is set.
+# Arguments: another config file, then extra `serve run` arguments.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/local-redis.sh"
