@@ -110,11 +110,12 @@ class Admission:
     ) -> Any:
         """Admit ``ticket``, wait for its grant, then hand the granted replica's reply to ``respond``."""
         session = await self.session()
-        grant = await self._wait(session.admit(ticket.spec, self.config.max_wait_s))
+        grant = await self.await_grant(session.admit(ticket.spec, self.config.max_wait_s))
         accounting = TicketAccounting(self, session, ticket, grant, forward, respond)
         return await respond(ticket.parsed, forward(grant.replica_id), accounting)
 
-    async def _wait(self, waiting: Awaitable[Grant]) -> Grant:
+    async def await_grant(self, waiting: Awaitable[Grant]) -> Grant:
+        """Await a grant; admission failures become the client-facing 429 / 503 errors."""
         try:
             return await waiting
         except (QueueRejected, QueueDeadlineExpired, redis.RedisError) as exc:
@@ -166,7 +167,7 @@ class TicketAccounting:
         if self._requeues > MAX_REQUEUES:
             await self.failed()
             raise UpstreamUnavailable("The granted replicas kept disappearing; retry shortly.")
-        self._grant = await self._admission._wait(
+        self._grant = await self._admission.await_grant(
             self._session.wait_again(self._ticket.spec, self._admission.config.max_wait_s)
         )
         return await self._respond(self._ticket.parsed, self._forward(self._grant.replica_id), self)
