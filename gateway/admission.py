@@ -31,6 +31,7 @@ from gateway.request_parsing import ParsedRequest
 from gateway.tokens import PromptTokenCounter
 from policies.classification import LengthClasses, estimate_cost
 from policies.types import Grant, TicketSpec
+from replicas.deployment import MISROUTED
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +39,6 @@ PRIORITY_HEADER = "x-priority"
 TENANT_HEADER = "x-tenant-id"
 ANONYMOUS_TENANT = "anonymous"
 MAX_REQUEUES = 3
-MISROUTED = 421
 
 
 @dataclass
@@ -106,13 +106,13 @@ class Admission:
         self,
         ticket: Ticket,
         forward: Callable[[str], Any],
-        respond: Callable[[ParsedRequest, Any, "TicketAccounting"], Awaitable[Any]],
+        respond: Callable[[Any, "TicketAccounting"], Awaitable[Any]],
     ) -> Any:
         """Admit ``ticket``, wait for its grant, then hand the granted replica's reply to ``respond``."""
         session = await self.session()
         grant = await self.await_grant(session.admit(ticket.spec, self.config.max_wait_s))
         accounting = TicketAccounting(self, session, ticket, grant, forward, respond)
-        return await respond(ticket.parsed, forward(grant.replica_id), accounting)
+        return await respond(forward(grant.replica_id), accounting)
 
     async def await_grant(self, waiting: Awaitable[Grant]) -> Grant:
         """Await a grant; admission failures become the client-facing 429 / 503 errors."""
@@ -157,7 +157,7 @@ class TicketAccounting:
             "x-fleetgate-gateway": self._session.owner,
         }
 
-    async def misrouted(self, header: dict[str, Any]) -> bool:
+    def misrouted(self, header: dict[str, Any]) -> bool:
         """True when the call reached a replica other than the granted one (that one is gone)."""
         return header["status"] == MISROUTED
 
@@ -170,7 +170,7 @@ class TicketAccounting:
         self._grant = await self._admission.await_grant(
             self._session.wait_again(self._ticket.spec, self._admission.config.max_wait_s)
         )
-        return await self._respond(self._ticket.parsed, self._forward(self._grant.replica_id), self)
+        return await self._respond(self._forward(self._grant.replica_id), self)
 
     def stream_usage(self) -> StreamUsage:
         """The watcher of this request's stream (it also decides whether the usage chunk is shown)."""

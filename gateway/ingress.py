@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -139,7 +138,7 @@ class Gateway:
         parsed = parse_request(await request.body(), endpoint)
         self._check_model(parsed)
         if self._admission is None:
-            return await self._respond(parsed, self._forward(parsed, None), None)
+            return await self._respond(self._forward(parsed, None), None)
         max_model_len = int((await self.list_models())["data"][0].get("max_model_len") or 0)
         ticket = await self._admission.classify(parsed, request.headers, max_model_len)
         return await self._admission.run(ticket, lambda grant: self._forward(ticket.parsed, grant), self._respond)
@@ -157,11 +156,8 @@ class Gateway:
         return pool.options(stream=True).generate.remote(parsed.endpoint, parsed.body, **kwargs)
 
     @staticmethod
-    async def _respond(
-        parsed: ParsedRequest, replies: DeploymentResponseGenerator, accounting: Any
-    ) -> Response:
+    async def _respond(replies: DeploymentResponseGenerator, accounting: Any) -> Response:
         """Turn the replica's reply into the HTTP response; ``accounting`` hears how it ended."""
-        started = time.monotonic()
         try:
             header = await replies.__anext__()
         except BaseException as exc:
@@ -171,7 +167,7 @@ class Gateway:
             if isinstance(exc, Exception):
                 raise UpstreamUnavailable(f"The model replica failed: {type(exc).__name__}") from None
             raise
-        if accounting is not None and await accounting.misrouted(header):
+        if accounting is not None and accounting.misrouted(header):
             return await accounting.retry()
         if header["status"] != 200:
             if accounting is not None:
@@ -184,6 +180,5 @@ class Gateway:
             return JSONResponse(header["body"], headers=headers)
         usage = accounting.stream_usage() if accounting is not None else None
         on_end = accounting.stream_ended if accounting is not None else None
-        logger.debug("stream started after %.1f ms", (time.monotonic() - started) * 1000)
         return StreamingResponse(_relay_stream(replies, usage, on_end), media_type="text/event-stream",
                                  headers=headers)
