@@ -1,8 +1,11 @@
 """Replica placement: which replica a granted ticket runs on.
 
 Among replicas that fit the ticket (accept its length class, have a free slot and enough free tokens),
-the one with the most free slots wins, then the most free tokens, then the smallest id: spreading load
-keeps batches small, which keeps inter-token latency low. The Lua dispatch applies the same order.
+a replica whose pool *prefers* the ticket's length class wins (long prompts go to the pool with the large
+chunked-prefill budget, where their prefill stalls no latency-sensitive decode; short ones to the pool with
+the small budget); the others take the ticket only when no preferring replica has room (spill-over onto
+free capacity). Then the most free slots wins, then the most free tokens, then the smallest id: spreading
+load keeps batches small, which keeps inter-token latency low. The Lua dispatch applies the same order.
 """
 
 from __future__ import annotations
@@ -18,10 +21,10 @@ def choose_replica(replicas: Iterable[ReplicaCapacity], cost: int, length_class:
     for replica in replicas:
         if not replica.fits(cost, length_class):
             continue
-        if best is None or _rank(replica) < _rank(best):
+        if best is None or _rank(replica, length_class) < _rank(best, length_class):
             best = replica
     return best
 
 
-def _rank(replica: ReplicaCapacity) -> tuple[int, int, str]:
-    return (-replica.slots_free, -replica.tokens_free, replica.replica_id)
+def _rank(replica: ReplicaCapacity, length_class: str) -> tuple[bool, int, int, str]:
+    return (length_class not in replica.prefers, -replica.slots_free, -replica.tokens_free, replica.replica_id)

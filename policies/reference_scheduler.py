@@ -14,7 +14,12 @@ Decision procedure (every mutating call: reap expired leases -> apply the call -
   is lifted to the smallest active counter (or the band's virtual time when none is active), so idle time
   banks no credit. Hence counters of active tenants stay within one weighted request cost of each other,
   and two continuously backlogged tenants' weighted service differs by at most 2x the largest weighted cost.
-* **Per tenant, FIFO.** Only the head ticket of each tenant's queue is considered.
+* **Flows inside a tenant.** A tenant's tickets are split into flows (the fairness id a client may send;
+  one default flow otherwise). Inside the tenant, the waiting flow with the least service (a second,
+  unweighted counter per flow, lifted on activation like the tenant's) goes first; FIFO inside a flow.
+  Flow counters live only while the tenant has waiting work in the band: when its last waiting ticket
+  leaves, they are dropped, so a tenant's next busy period starts its flows level. Flows therefore share
+  their tenant's share without changing what the tenant gets against other tenants.
 * **Aging.** A ticket that has waited ``aging_ms`` in its band is moved to the tail of its tenant's queue in
   the band above, so no ticket starves behind a higher band forever.
 * **Placement** per :func:`policies.placement.choose_replica`; a grant reserves a slot and ``min(cost,
@@ -50,10 +55,15 @@ class Admission:
 
 
 @dataclass
+class _TenantFlows:
+    queues: dict[str, deque[str]] = field(default_factory=dict)  # waiting flows -> ticket ids, FIFO
+    counters: dict[str, float] = field(default_factory=dict)  # flow -> service inside the tenant
+
+
+@dataclass
 class _BandState:
-    queues: dict[str, deque[str]] = field(default_factory=dict)
+    tenants: dict[str, _TenantFlows] = field(default_factory=dict)  # the active (waiting) tenants
     counters: dict[str, float] = field(default_factory=dict)
-    active: set[str] = field(default_factory=set)
     virtual_time: float = 0.0
     queued: int = 0
     queued_tokens: int = 0
@@ -92,7 +102,7 @@ class ReferenceScheduler:
             known.slots_free += capacity.slots_total - known.slots_total
             known.tokens_free += capacity.tokens_total - known.tokens_total
             known.slots_total, known.tokens_total = capacity.slots_total, capacity.tokens_total
-            known.accepts, known.pool = capacity.accepts, capacity.pool
+            known.accepts, known.prefers, known.pool = capacity.accepts, capacity.prefers, capacity.pool
         known.expires_ms = now_ms + lease_ms
         return self._dispatch(now_ms)
 
@@ -110,7 +120,9 @@ class ReferenceScheduler:
         if done:
             assert ticket is not None
             self._release(ticket)
-            self._charge(ticket.charged_band, ticket.spec.tenant, (actual_cost - ticket.spec.cost) / ticket.spec.weight)
+            correction = actual_cost - ticket.spec.cost
+            self._charge(ticket.charged_band, ticket.spec.tenant, correction / ticket.spec.weight)
+            self._charge_flow(ticket.charged_band, ticket.spec, correction)
             del self.tickets[ticket_id]
         return done, self._dispatch(now_ms)
 
@@ -137,6 +149,7 @@ class ReferenceScheduler:
             assert ticket is not None
             self._release(ticket)
             self._charge(ticket.charged_band, ticket.spec.tenant, -ticket.spec.cost / ticket.spec.weight)
+            self._charge_flow(ticket.charged_band, ticket.spec, -ticket.spec.cost)
             ticket.granted_to = None
             self._push(ticket, ticket.band, now_ms, at_head=True)
         return moved, self._dispatch(now_ms)
@@ -168,9 +181,23 @@ class ReferenceScheduler:
         state = self._state[band]
         return state.queued, state.queued_tokens
 
+    def flow_counter(self, band: str, tenant: str, flow: str) -> float | None:
+        """The flow's counter inside its tenant, None while the tenant has nothing waiting in ``band``."""
+        flows = self._state[band].tenants.get(tenant)
+        return None if flows is None else flows.counters.get(flow, 0.0)
+
     def waiting_ids(self, band: str, tenant: str) -> list[str]:
-        """Ticket ids of a tenant waiting in a band, in queue order."""
-        return list(self._state[band].queues.get(tenant, ()))
+        """Ticket ids of a tenant waiting in a band (flow by flow, each in queue order)."""
+        flows = self._state[band].tenants.get(tenant)
+        return [] if flows is None else [t for flow in sorted(flows.queues) for t in flows.queues[flow]]
+
+    def waiting_by_tenant(self, band: str) -> dict[str, tuple[int, int]]:
+        """(tickets, tokens) waiting in ``band`` per tenant with waiting work."""
+        result: dict[str, tuple[int, int]] = {}
+        for tenant in self._state[band].tenants:
+            ids = self.waiting_ids(band, tenant)
+            result[tenant] = (len(ids), sum(self.tickets[t].spec.cost for t in ids))
+        return result
 
     # ----- internals -----
 
@@ -192,12 +219,17 @@ class ReferenceScheduler:
 
     def _push(self, ticket: _Ticket, band: str, now_ms: int, at_head: bool) -> None:
         state = self._state[band]
-        tenant = ticket.spec.tenant
-        if tenant not in state.active:
-            floor = min(state.counters[t] for t in state.active) if state.active else state.virtual_time
+        tenant, flow = ticket.spec.tenant, ticket.spec.flow
+        if tenant not in state.tenants:
+            floor = min(state.counters[t] for t in state.tenants) if state.tenants else state.virtual_time
             state.counters[tenant] = max(state.counters.get(tenant, 0.0), floor)
-            state.active.add(tenant)
-        queue = state.queues.setdefault(tenant, deque())
+            state.tenants[tenant] = _TenantFlows()
+        flows = state.tenants[tenant]
+        if flow not in flows.queues:
+            floor = min(flows.counters[f] for f in flows.queues) if flows.queues else 0.0
+            flows.counters[flow] = max(flows.counters.get(flow, 0.0), floor)
+            flows.queues[flow] = deque()
+        queue = flows.queues[flow]
         if at_head:
             queue.appendleft(ticket.spec.ticket_id)
         else:
@@ -208,13 +240,15 @@ class ReferenceScheduler:
 
     def _remove_waiting(self, ticket: _Ticket) -> None:
         state = self._state[ticket.band]
-        queue = state.queues[ticket.spec.tenant]
+        flows = state.tenants[ticket.spec.tenant]
+        queue = flows.queues[ticket.spec.flow]
         queue.remove(ticket.spec.ticket_id)
         state.queued -= 1
         state.queued_tokens -= ticket.spec.cost
         if not queue:
-            del state.queues[ticket.spec.tenant]
-            state.active.discard(ticket.spec.tenant)
+            del flows.queues[ticket.spec.flow]
+            if not flows.queues:  # the tenant's last waiting ticket: its flow counters go too
+                del state.tenants[ticket.spec.tenant]
 
     def _release(self, ticket: _Ticket) -> None:
         replica = self.replicas.get(ticket.granted_to or "")
@@ -226,6 +260,11 @@ class ReferenceScheduler:
     def _charge(self, band: str, tenant: str, amount: float) -> None:
         state = self._state[band]
         state.counters[tenant] = state.counters.get(tenant, 0.0) + amount
+
+    def _charge_flow(self, band: str, spec: TicketSpec, amount: float) -> None:
+        flows = self._state[band].tenants.get(spec.tenant)
+        if flows is not None:  # an idle tenant's flow counters were dropped; nothing to correct
+            flows.counters[spec.flow] = flows.counters.get(spec.flow, 0.0) + amount
 
     def _reap(self, now_ms: int) -> None:
         for replica_id in [r for r, cap in self.replicas.items() if cap.expires_ms <= now_ms]:
@@ -271,8 +310,10 @@ class ReferenceScheduler:
             return None
         for band in self.bands:
             state = self._state[band.name]
-            for tenant in sorted(state.active, key=lambda t: (state.counters[t], t)):
-                ticket = self.tickets[state.queues[tenant][0]]
+            for tenant in sorted(state.tenants, key=lambda t: (state.counters[t], t)):
+                flows = state.tenants[tenant]
+                flow = min(flows.queues, key=lambda f: (flows.counters[f], f))
+                ticket = self.tickets[flows.queues[flow][0]]
                 replica = choose_replica(self.replicas.values(), ticket.spec.cost, ticket.spec.length_class)
                 if replica is not None:
                     return self._grant(ticket, replica, state)
@@ -280,6 +321,7 @@ class ReferenceScheduler:
 
     def _grant(self, ticket: _Ticket, replica: ReplicaCapacity, state: _BandState) -> Grant:
         tenant = ticket.spec.tenant
+        self._charge_flow(ticket.band, ticket.spec, ticket.spec.cost)  # while the flow still waits
         self._remove_waiting(ticket)
         state.virtual_time = state.counters[tenant]
         state.counters[tenant] += ticket.spec.cost / ticket.spec.weight
@@ -287,4 +329,4 @@ class ReferenceScheduler:
         replica.slots_free -= 1
         replica.tokens_free -= reserved
         ticket.granted_to, ticket.reserved_tokens, ticket.charged_band = replica.replica_id, reserved, ticket.band
-        return Grant(ticket.spec.ticket_id, replica.replica_id, ticket.band, tenant)
+        return Grant(ticket.spec.ticket_id, replica.replica_id, ticket.band, tenant, replica.pool)

@@ -30,6 +30,8 @@ class TicketSpec:
     weight: float = 1.0
     length_class: str = "short"
     owner: str = ""
+    flow: str = ""
+    """A sub-tenant flow (``x-gateway-inference-fairness-id``): flows share their tenant's share fairly."""
 
 
 @dataclass(frozen=True)
@@ -40,17 +42,23 @@ class Grant:
     replica_id: str
     band: str
     tenant: str
+    pool: str = "default"
 
 
 @dataclass
 class ReplicaCapacity:
-    """A replica's registered capacity and what of it is free (mutable model state)."""
+    """A replica's registered capacity and what of it is free (mutable model state).
+
+    ``accepts`` are the length classes it may run at all; ``prefers`` those its pool is built for
+    (placement tries preferring replicas first and spills over to the others).
+    """
 
     replica_id: str
     slots_total: int
     tokens_total: int
     accepts: frozenset[str] = field(default_factory=lambda: frozenset({"short", "long"}))
     pool: str = "default"
+    prefers: frozenset[str] = field(default_factory=frozenset)
     slots_free: int = -1
     tokens_free: int = -1
     expires_ms: int = 0

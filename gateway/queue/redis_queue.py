@@ -73,7 +73,8 @@ def _grants(raw: Any) -> list[Grant]:
 def _replica_payload(capacity: ReplicaCapacity, lease_ms: int) -> dict[str, Any]:
     return {
         "replica_id": capacity.replica_id, "slots_total": capacity.slots_total,
-        "tokens_total": capacity.tokens_total, "accepts": sorted(capacity.accepts), "pool": capacity.pool,
+        "tokens_total": capacity.tokens_total, "accepts": sorted(capacity.accepts),
+        "prefers": sorted(capacity.prefers), "pool": capacity.pool,
         "lease_ms": lease_ms,
     }  # fmt: skip
 
@@ -81,7 +82,7 @@ def _replica_payload(capacity: ReplicaCapacity, lease_ms: int) -> dict[str, Any]
 def _ticket_payload(spec: TicketSpec) -> dict[str, Any]:
     return {
         "ticket_id": spec.ticket_id, "tenant": spec.tenant, "band": spec.band, "cost": spec.cost,
-        "weight": float(spec.weight), "class": spec.length_class, "owner": spec.owner,
+        "weight": float(spec.weight), "class": spec.length_class, "owner": spec.owner, "flow": spec.flow,
     }  # fmt: skip
 
 
@@ -126,10 +127,10 @@ class RedisGlobalQueue(_QueueBase):
         payload = {"ticket_id": ticket_id, "actual_cost": int(actual_cost)}
         return bool((await self._call("complete", payload, now_ms))["done"])
 
-    async def cancel(self, ticket_id: str, now_ms: int | None = None) -> tuple[str, str]:
-        """Withdraw a waiting ticket: ('cancelled', ''), ('granted', replica_id) or ('unknown', '')."""
+    async def cancel(self, ticket_id: str, now_ms: int | None = None) -> tuple[str, str, str]:
+        """Withdraw a waiting ticket: ('cancelled', '', ''), ('granted', replica_id, pool) or ('unknown', '', '')."""
         result = await self._call("cancel", {"ticket_id": ticket_id}, now_ms)
-        return result["status"], result["replica_id"]
+        return result["status"], result["replica_id"], result.get("pool") or ""
 
     async def requeue(self, ticket_id: str, now_ms: int | None = None) -> bool:
         """Put a granted ticket back at the head of its queue (its replica was gone)."""

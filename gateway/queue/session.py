@@ -131,15 +131,15 @@ class QueueSession:
             self._owned.discard(ticket_id)
 
     async def _withdraw(self, spec: TicketSpec) -> Grant | None:
-        status, replica_id = await self.queue.cancel(spec.ticket_id)
+        status, replica_id, pool = await self.queue.cancel(spec.ticket_id)
         if status == "granted":  # the grant won the race with the deadline: use it
-            return Grant(spec.ticket_id, replica_id, spec.band, spec.tenant)
+            return Grant(spec.ticket_id, replica_id, spec.band, spec.tenant, pool)
         self._owned.discard(spec.ticket_id)
         return None
 
     async def _abandon(self, spec: TicketSpec) -> None:
         try:
-            status, _ = await self.queue.cancel(spec.ticket_id)
+            status, _, _ = await self.queue.cancel(spec.ticket_id)
             if status == "granted":
                 await self.queue.complete(spec.ticket_id, 0)
         except Exception:  # Redis gone: the ticket's lease expires instead
@@ -165,7 +165,8 @@ class QueueSession:
             message = json.loads(item[1])
             future = self._waiting.get(message["ticket_id"])
             if future is not None and not future.done():
-                future.set_result(Grant(message["ticket_id"], message["replica_id"], message["band"], message["tenant"]))
+                future.set_result(Grant(message["ticket_id"], message["replica_id"], message["band"], message["tenant"],
+                                         message.get("pool", "default")))
 
     async def _keep_leases(self) -> None:
         period = max(self.queue.settings.lease_ms / 3000, 0.2)

@@ -1,8 +1,9 @@
 """The Lua dispatch and the pure-Python reference make the same decisions on the same random workloads.
 
 Each workload interleaves every call (enqueue, replica registration and expiry, completion with actual
-costs, cancellation, requeue, lease renewal, time passing past leases and aging limits) and compares every
-result, then the full state (counters bit for bit, queue depths, replica capacity).
+costs, cancellation, requeue, lease renewal, time passing past leases and aging limits; tickets in several
+flows per tenant; replicas that prefer some length classes) and compares every result, then the full state
+(tenant and flow counters bit for bit, queue depths per band and tenant, replica capacity).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ BANDS = (
 )
 LEASE_MS = 4000
 TENANTS = ["acme", "blue", "core", "delta"]
+FLOWS = ["", "", "chat", "batch-job"]
 WEIGHTS = {"acme": 1.0, "blue": 2.0, "core": 0.5, "delta": 3.0}
 
 
@@ -40,9 +42,10 @@ def _replica(rng: random.Random, replica_id: str, uniform: bool) -> ReplicaCapac
     if uniform:  # identical replicas: every placement is decided by the tie-break
         return ReplicaCapacity(replica_id, slots_total=2, tokens_total=600)
     accepts = rng.choice([frozenset({"short", "long"}), frozenset({"short"}), frozenset({"long"})])
+    prefers = frozenset(c for c in accepts if rng.random() < 0.4)
     # few distinct sizes, so placement ties (and their tie-break) happen often
     return ReplicaCapacity(replica_id, slots_total=rng.randint(1, 4), tokens_total=rng.choice([300, 600, 1500]),
-                           accepts=accepts)
+                           accepts=accepts, prefers=prefers, pool=rng.choice(["latency", "throughput"]))
 
 
 def _state_matches(lua: BlockingGlobalQueue, ref: ReferenceScheduler, now: int) -> None:
@@ -52,6 +55,14 @@ def _state_matches(lua: BlockingGlobalQueue, ref: ReferenceScheduler, now: int) 
         counters = band["counters"] if isinstance(band["counters"], dict) else {}
         for tenant, value in counters.items():
             assert float(value) == ref.counter(band["name"], tenant), (band["name"], tenant)
+        depth = band["tenants"] if isinstance(band["tenants"], dict) else {}
+        assert {t: (d["queued"], d["queued_tokens"]) for t, d in depth.items()} == ref.waiting_by_tenant(band["name"])
+        for tenant in TENANTS:
+            raw = lua.client.hgetall(f"{lua.keys.prefix}fc:{band['name']}:{tenant}")
+            flows = {flow.decode(): float(value) for flow, value in raw.items()}
+            for flow in FLOWS:
+                want = ref.flow_counter(band["name"], tenant, flow)
+                assert flows.get(flow, None if want is None else 0.0) == want, (band["name"], tenant, flow)
     lua_replicas = {r["replica_id"]: (r["slots_free"], r["tokens_free"]) for r in snapshot["replicas"] or []}
     assert lua_replicas == {r.replica_id: (r.slots_free, r.tokens_free) for r in ref.replicas.values()}
     assert snapshot["tickets"] == len(ref.tickets)
@@ -75,6 +86,7 @@ def test_random_workload_same_decisions(redis_url: str, seed: int, uniform: bool
             spec = TicketSpec(
                 ticket_id=f"s{seed}-{step}", tenant=rng.choice(TENANTS), band=rng.choice(BANDS).name,
                 cost=rng.randint(1, 600), weight=0, length_class=rng.choice(["short", "short", "long"]),
+                flow=rng.choice(FLOWS),
             )
             spec = TicketSpec(**{**spec.__dict__, "weight": WEIGHTS[spec.tenant]})
             got = lua.enqueue(spec, now)

@@ -1,7 +1,8 @@
 """Properties of the global scheduler (the reference; the Lua scripts agree with it decision for decision).
 
 * Fairness (VTC): two continuously backlogged tenants' weighted service never differs by more than 2x the
-  largest weighted request cost, over any interval.
+  largest weighted request cost, over any interval; flows inside a tenant share its service within 2x the
+  largest cost, and splitting a tenant into flows does not change the tenant bound.
 * Strict bands: every grant comes from the highest band that has a waiting ticket; a ticket of a lower
   original band overtakes a waiting higher-band ticket only after waiting its band's aging limit.
 * No ticket is granted twice (unless requeued); capacity never goes negative or above what was
@@ -27,41 +28,100 @@ arrivals = st.lists(
 )
 
 
+class _GapTracker:
+    """Spans of a service difference over intervals in which both sides stay backlogged."""
+
+    def __init__(self) -> None:
+        self._spans: dict[tuple, list[float]] = {}
+
+    def sample(self, key: tuple, both_backlogged: bool, diff: float, limit: float) -> None:
+        if not both_backlogged:
+            self._spans.pop(key, None)
+            return
+        span = self._spans.setdefault(key, [])
+        span.append(diff)
+        assert max(span) - min(span) <= limit + 1e-9, (key, span)
+
+
+def _replay(specs_by_step: dict[int, list[TicketSpec]], slots: int, on_grant) -> None:
+    """One replica of ``slots`` slots; every grant runs for one step, so bursts leave tenants backlogged.
+
+    ``on_grant(spec, waiting_before)`` hears every grant in order, with the tickets that were waiting just
+    before it (those still waiting after the call, plus the ones the same call granted from it on).
+    """
+    scheduler = ReferenceScheduler([BandPolicy("only")])
+    scheduler.register_replica(ReplicaCapacity("r", slots_total=slots, tokens_total=10**9), 0, LEASE)
+    tenants = sorted({spec.tenant for specs in specs_by_step.values() for spec in specs})
+
+    def granted(grants) -> list[str]:
+        specs = [scheduler.tickets[grant.ticket_id].spec for grant in grants]
+        still_waiting = [scheduler.tickets[t].spec for tenant in tenants for t in scheduler.waiting_ids("only", tenant)]
+        for index, spec in enumerate(specs):
+            on_grant(spec, still_waiting + specs[index:])
+        return [grant.ticket_id for grant in grants]
+
+    running: list[str] = []
+    step = 0
+    while step <= max(specs_by_step, default=0) or scheduler.tickets:
+        started = []
+        for ticket_id in running:
+            started += granted(scheduler.complete(ticket_id, scheduler.tickets[ticket_id].spec.cost, step)[1])
+        for spec in specs_by_step.get(step, []):
+            started += granted(scheduler.enqueue(spec, step, LEASE)[1])
+        running = started
+        step += 1
+
+
 @settings(max_examples=200, deadline=None)
 @given(arrivals=arrivals, slots=st.integers(1, 3))
 def test_backlogged_tenants_weighted_service_gap_is_bounded(arrivals, slots) -> None:
-    """One replica of ``slots`` slots; every grant runs for one step, so bursts leave tenants backlogged."""
-    scheduler = ReferenceScheduler([BandPolicy("only")])
-    scheduler.register_replica(ReplicaCapacity("r", slots_total=slots, tokens_total=10**9), 0, LEASE)
     by_step = defaultdict(list)
     for index, (step, tenant, cost) in enumerate(arrivals):
         by_step[step].append(TicketSpec(f"t{index}", tenant, "only", cost, WEIGHTS[tenant]))
     bound = 2 * max(cost / WEIGHTS[tenant] for _, tenant, cost in arrivals)
     service = dict.fromkeys(WEIGHTS, 0.0)
-    # weighted service differences of each pair, sampled while both stay backlogged
-    spans: dict[tuple[str, str], list[float]] = {}
-    running: list[str] = []
-    step = 0
-    while step <= 30 or scheduler.tickets:
-        backlogged = {t for t in WEIGHTS if scheduler.waiting_ids("only", t)}
-        grants = []
-        for ticket_id in running:
-            grants += scheduler.complete(ticket_id, scheduler.tickets[ticket_id].spec.cost, step)[1]
-        for spec in by_step.get(step, []):
-            grants += scheduler.enqueue(spec, step, LEASE)[1]
-        for grant in grants:
-            service[grant.tenant] += scheduler.tickets[grant.ticket_id].spec.cost
-        running = [grant.ticket_id for grant in grants]
+    gaps = _GapTracker()
+
+    def on_grant(spec: TicketSpec, waiting_before: list[TicketSpec]) -> None:
+        service[spec.tenant] += spec.cost / WEIGHTS[spec.tenant]
+        backlogged = {s.tenant for s in waiting_before}
         for i in WEIGHTS:
             for j in WEIGHTS:
                 if i < j:
-                    if i in backlogged and j in backlogged:
-                        diff = service[i] / WEIGHTS[i] - service[j] / WEIGHTS[j]
-                        spans.setdefault((i, j), []).append(diff)
-                        assert max(spans[(i, j)]) - min(spans[(i, j)]) <= bound + 1e-9
-                    else:
-                        spans.pop((i, j), None)
-        step += 1
+                    gaps.sample((i, j), {i, j} <= backlogged, service[i] - service[j], bound)
+
+    _replay(by_step, slots, on_grant)
+
+
+flow_arrivals = st.lists(
+    st.tuples(st.integers(0, 30), st.sampled_from(["a", "b"]), st.sampled_from(["", "x", "y"]), st.integers(1, 400)),
+    min_size=20, max_size=200,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(arrivals=flow_arrivals, slots=st.integers(1, 3))
+def test_flows_share_their_tenant_fairly_without_changing_the_tenant_bound(arrivals, slots) -> None:
+    """Tenant "a" splits its work over flows; inside "a", backlogged flows' service gap stays within 2x the
+    largest cost, and "a" against "b" keeps the tenant bound whatever flows "a" uses."""
+    by_step = defaultdict(list)
+    for index, (step, tenant, flow, cost) in enumerate(arrivals):
+        by_step[step].append(TicketSpec(f"t{index}", tenant, "only", cost, WEIGHTS[tenant], flow=flow))
+    bound = 2 * max(cost / WEIGHTS[tenant] for _, tenant, _, cost in arrivals)
+    flow_bound = 2 * max(cost for _, _, _, cost in arrivals)
+    service: dict[tuple[str, str], float] = defaultdict(float)
+    gaps = _GapTracker()
+
+    def on_grant(spec: TicketSpec, waiting_before: list[TicketSpec]) -> None:
+        service[(spec.tenant, spec.flow)] += spec.cost
+        weighted = {t: sum(v for (tt, _), v in service.items() if tt == t) / WEIGHTS[t] for t in "ab"}
+        tenants = {s.tenant for s in waiting_before}
+        gaps.sample(("a", "b"), tenants == {"a", "b"}, weighted["a"] - weighted["b"], bound)
+        flows = {s.flow for s in waiting_before if s.tenant == "a"}
+        for i, j in [("", "x"), ("", "y"), ("x", "y")]:
+            gaps.sample((i, j), {i, j} <= flows, service[("a", i)] - service[("a", j)], flow_bound)
+
+    _replay(by_step, slots, on_grant)
 
 
 BANDS = [BandPolicy("high"), BandPolicy("mid", aging_ms=50), BandPolicy("low", aging_ms=80)]

@@ -6,6 +6,7 @@ local done = false
 if t and t.granted_to ~= "" then
   release(t)
   charge(t.charged_band, t.tenant, (PAYLOAD.actual_cost - t.cost) / t.weight)
+  charge_flow(t.charged_band, t.tenant, t.flow, PAYLOAD.actual_cost - t.cost)
   delete_ticket(t)
   redis.call("HINCRBY", K_STATS, "completed", 1)
   redis.call("HINCRBY", K_STATS, "served_tokens", PAYLOAD.actual_cost)

@@ -1,5 +1,5 @@
 -- Admit a ticket (or reject it by its band's limits), then dispatch.
--- PAYLOAD: {ticket_id, tenant, band, cost, weight, class, owner}
+-- PAYLOAD: {ticket_id, tenant, band, cost, weight, class, owner, flow}
 reap()
 local p = PAYLOAD
 local status
@@ -19,9 +19,9 @@ else
   else
     redis.call("HSET", k_ticket(p.ticket_id), "tenant", p.tenant, "band", p.band, "cost", p.cost,
       "weight", num(p.weight), "class", p.class, "owner", p.owner, "granted_to", "", "reserved", 0,
-      "charged_band", "")
+      "charged_band", "", "flow", p.flow or "")
     redis.call("ZADD", K_LEASES, NOW + CFG.lease_ms, p.ticket_id)
-    push({id = p.ticket_id, tenant = p.tenant, cost = p.cost, band = p.band}, p.band, false)
+    push({id = p.ticket_id, tenant = p.tenant, cost = p.cost, band = p.band, flow = p.flow or ""}, p.band, false)
     status = "admitted"
   end
 end

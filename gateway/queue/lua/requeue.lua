@@ -6,6 +6,7 @@ local moved = false
 if t and t.granted_to ~= "" then
   release(t)
   charge(t.charged_band, t.tenant, -t.cost / t.weight)
+  charge_flow(t.charged_band, t.tenant, t.flow, -t.cost)
   redis.call("HSET", k_ticket(t.id), "granted_to", "", "charged_band", "")
   push(t, t.band, true)
   redis.call("HINCRBY", K_STATS, "requeued", 1)

@@ -5,7 +5,13 @@ for _, band in ipairs(BANDS) do
   local flat = redis.call("HGETALL", k_vtc(band.name))
   for i = 1, #flat, 2 do counters[flat[i]] = flat[i + 1] end
   local active = redis.call("ZRANGE", k_active(band.name), 0, -1)
-  bands[#bands + 1] = {name = band.name, counters = counters, active = active,
+  local tenants = {}
+  local depth = redis.call("HGETALL", k_tenant_queued(band.name))
+  for i = 1, #depth, 2 do
+    tenants[depth[i]] = {queued = tonumber(depth[i + 1]),
+      queued_tokens = tonumber(redis.call("HGET", k_tenant_tokens(band.name), depth[i]) or "0")}
+  end
+  bands[#bands + 1] = {name = band.name, counters = counters, active = active, tenants = tenants,
     queued = tonumber(redis.call("HGET", K_QN, band.name) or "0"),
     queued_tokens = tonumber(redis.call("HGET", K_QT, band.name) or "0")}
 end
@@ -13,10 +19,10 @@ local replicas = {}
 local ids = redis.call("ZRANGE", K_REPLICAS, 0, -1, "WITHSCORES")
 for i = 1, #ids, 2 do
   local r = redis.call("HMGET", k_replica(ids[i]), "slots_total", "slots_free", "tokens_total", "tokens_free",
-    "accepts", "pool")
+    "accepts", "pool", "prefers")
   replicas[#replicas + 1] = {replica_id = ids[i], expires_ms = tonumber(ids[i + 1]),
     slots_total = tonumber(r[1]), slots_free = tonumber(r[2]), tokens_total = tonumber(r[3]),
-    tokens_free = tonumber(r[4]), accepts = r[5], pool = r[6]}
+    tokens_free = tonumber(r[4]), accepts = r[5], pool = r[6], prefers = r[7]}
 end
 local stats = {}
 local flat = redis.call("HGETALL", K_STATS)
