@@ -1,7 +1,8 @@
 """Classification and admission through the global queue, and the accounting of each admitted request.
 
 Every admitted request ends exactly once in :meth:`TicketAccounting.finish`: its grant's capacity goes
-back to the replica and its tenant is charged the tokens actually served (0 when nothing was served).
+back to the replica, its tenant's counter is corrected to the tokens actually served (0 when nothing was
+served) and its rate-limit bucket is settled to the same figure.
 """
 
 from __future__ import annotations
@@ -9,35 +10,38 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
-from gateway.accounting import StreamUsage
+from gateway.accounting import RequestOutcome
 from gateway.config import QueueConfig
 from gateway.errors import (
     ContextLengthExceeded,
     GatewayError,
-    InvalidHeader,
     QueueFull,
     QueueTimeout,
     QueueUnavailable,
+    RateLimited,
+    Rejected,
     UpstreamUnavailable,
 )
+from gateway.headers import RequestHeaders
+from gateway.metrics import GatewayMetrics
+from gateway.queue.rate_limits import RateLimiter
 from gateway.queue.session import QueueDeadlineExpired, QueueRejected, QueueSession
 from gateway.request_parsing import ParsedRequest
+from gateway.tenants import Tenant
 from gateway.tokens import PromptTokenCounter
-from policies.classification import LengthClasses, estimate_cost
+from policies.classification import estimate_cost
+from policies.priority import BandDecision
 from policies.types import Grant, TicketSpec
 from replicas.deployment import MISROUTED
 
 logger = logging.getLogger(__name__)
 
-PRIORITY_HEADER = "x-priority"
-TENANT_HEADER = "x-tenant-id"
-ANONYMOUS_TENANT = "anonymous"
 MAX_REQUEUES = 3
 
 
@@ -47,20 +51,41 @@ class Ticket:
 
     spec: TicketSpec
     parsed: ParsedRequest
+    tenant: Tenant
+    decision: BandDecision
     prompt_tokens: int
     client_wants_usage: bool
-    created: float
+    arrived: float
+    max_wait_s: float
+
+    def headers(self) -> dict[str, str]:
+        """How the request was classified, for the response headers."""
+        headers = {
+            "x-fleetgate-band": self.spec.band,
+            "x-fleetgate-length-class": self.spec.length_class,
+            "x-fleetgate-prompt-tokens": str(self.prompt_tokens),
+        }
+        return headers | band_headers(self.decision)
+
+
+def band_headers(decision: BandDecision) -> dict[str, str]:
+    """Headers that say the request was lowered to its tenant's allowance (none when it was not)."""
+    if not decision.capped:
+        return {}
+    return {"x-fleetgate-band-capped": "true", "x-fleetgate-requested-band": decision.requested}
 
 
 class Admission:
     """Classify requests and admit them through the global queue (one per gateway replica)."""
 
-    def __init__(self, config: QueueConfig, model_path: str) -> None:
+    def __init__(self, config: QueueConfig, model_path: str, metrics: GatewayMetrics) -> None:
         self.config = config
+        self.metrics = metrics
         self._counter = PromptTokenCounter(model_path)
-        self._lengths = LengthClasses(long_above=config.long_prompt_above)
+        self._lengths = config.length_class_policy()
         self._band_priority = {band.name: index for index, band in enumerate(config.bands)}
         self._session: QueueSession | None = None
+        self._rates: RateLimiter | None = None
 
     async def session(self) -> QueueSession:
         """The replica's queue session, created on the serving event loop on first use."""
@@ -68,19 +93,15 @@ class Admission:
             from gateway.queue.factory import global_queue, redis_client
 
             client = redis_client(self.config)
-            self._session = QueueSession(global_queue(self.config, client), redis_client(self.config))
+            queue = global_queue(self.config, client)
+            self._rates = RateLimiter(client, queue.keys)
+            self._session = QueueSession(queue, redis_client(self.config))
             await self._session.start()
         return self._session
 
-    async def classify(self, parsed: ParsedRequest, headers: Mapping[str, str], max_model_len: int) -> Ticket:
-        """Tenant, band, prompt tokens, length class and cost of a request; the body gets its vLLM priority."""
-        tenant = ANONYMOUS_TENANT
-        if self.config.trust_tenant_header:
-            tenant = headers.get(TENANT_HEADER) or ANONYMOUS_TENANT
-        band = headers.get(PRIORITY_HEADER) or self.config.default_band
-        if band not in self._band_priority:
-            raise InvalidHeader(f"Unknown {PRIORITY_HEADER} {band!r}; use one of {list(self._band_priority)}.",
-                                param=PRIORITY_HEADER)
+    async def classify(self, parsed: ParsedRequest, tenant: Tenant, decision: BandDecision,
+                       asked: RequestHeaders, max_model_len: int, arrived: float) -> Ticket:
+        """Prompt tokens, length class and cost of a request; the body gets its band's vLLM priority."""
         prompt_tokens = await self._counter.count(parsed)
         if max_model_len and prompt_tokens + (parsed.max_tokens or 1) > max_model_len:
             raise ContextLengthExceeded(
@@ -90,29 +111,39 @@ class Admission:
             )
         cost = estimate_cost(prompt_tokens, parsed.max_tokens, self.config.default_output_tokens,
                              max_model_len or prompt_tokens + self.config.default_output_tokens)
-        parsed.body["priority"] = self._band_priority[band]
+        parsed.body["priority"] = self._band_priority[decision.band]
         client_wants_usage = bool((parsed.body.get("stream_options") or {}).get("include_usage"))
         if parsed.stream:
             parsed.body["stream_options"] = {**(parsed.body.get("stream_options") or {}), "include_usage": True}
         session = await self.session()
         spec = TicketSpec(
-            ticket_id=session.new_ticket_id(), tenant=tenant, band=band, cost=cost,
-            weight=self.config.tenant_weights.get(tenant, 1.0), length_class=self._lengths.classify(prompt_tokens),
-            owner=session.owner,
+            ticket_id=session.new_ticket_id(), tenant=tenant.id, band=decision.band, cost=cost,
+            weight=tenant.weight, length_class=self._lengths.classify(prompt_tokens), owner=session.owner,
+            flow=asked.flow,
         )
-        return Ticket(spec, parsed, prompt_tokens, client_wants_usage, time.monotonic())
+        max_wait_s = min(self.config.max_wait_s, asked.ttft_slo_s or self.config.max_wait_s)
+        return Ticket(spec, parsed, tenant, decision, prompt_tokens, client_wants_usage, arrived, max_wait_s)
 
     async def run(
         self,
         ticket: Ticket,
-        forward: Callable[[str], Any],
-        respond: Callable[[Any, "TicketAccounting"], Awaitable[Any]],
+        forward: Callable[[Grant], Any],
+        respond: Callable[[Any, RequestOutcome], Awaitable[Any]],
     ) -> Any:
-        """Admit ``ticket``, wait for its grant, then hand the granted replica's reply to ``respond``."""
+        """Rate-limit and admit ``ticket``, wait for its grant, then hand the granted replica's reply to ``respond``."""
         session = await self.session()
-        grant = await self.await_grant(session.admit(ticket.spec, self.config.max_wait_s))
+        try:
+            await self._take_rate(ticket)
+            try:
+                grant = await self.await_grant(session.admit(ticket.spec, ticket.max_wait_s))
+            except BaseException:
+                await asyncio.shield(self.settle_rate(ticket, -ticket.spec.cost))  # nothing was served
+                raise
+        except Rejected as exc:
+            self.metrics.rejections.labels(self.metrics.tenant(ticket.spec.tenant), ticket.spec.band, exc.reason).inc()
+            raise
         accounting = TicketAccounting(self, session, ticket, grant, forward, respond)
-        return await respond(forward(grant.replica_id), accounting)
+        return await respond(forward(grant), accounting)
 
     async def await_grant(self, waiting: Awaitable[Grant]) -> Grant:
         """Await a grant; admission failures become the client-facing 429 / 503 errors."""
@@ -120,6 +151,23 @@ class Admission:
             return await waiting
         except (QueueRejected, QueueDeadlineExpired, redis.RedisError) as exc:
             raise admission_error(exc, self.config.retry_after_s) from None
+
+    async def _take_rate(self, ticket: Ticket) -> None:
+        limits = ticket.tenant.rate_limits
+        try:
+            decision = await self._rates.take(ticket.spec.tenant, limits, ticket.spec.cost)  # type: ignore[union-attr]
+        except redis.RedisError as exc:
+            raise admission_error(exc, self.config.retry_after_s) from None
+        if not decision.admitted:
+            raise RateLimited("This API key's rate limit is reached; retry after the time in Retry-After.",
+                              reason="rate-limited", retry_after_s=max(1, int(decision.retry_after_s + 0.999)))
+
+    async def settle_rate(self, ticket: Ticket, extra_tokens: int) -> None:
+        """Correct the tenant's token bucket by ``extra_tokens`` beyond the estimate (negative: refund)."""
+        try:
+            await self._rates.settle(ticket.spec.tenant, ticket.tenant.rate_limits, extra_tokens)  # type: ignore[union-attr]
+        except redis.RedisError as exc:  # the bucket refills on its own; only this correction is lost
+            logger.warning("could not settle a rate-limit bucket: %s", type(exc).__name__)
 
 
 def admission_error(exc: Exception, retry_after_s: int) -> GatewayError:
@@ -135,27 +183,25 @@ def admission_error(exc: Exception, retry_after_s: int) -> GatewayError:
                             retry_after_s=1)
 
 
-class TicketAccounting:
+class TicketAccounting(RequestOutcome):
     """How one admitted request ends: exactly one ``finish`` (capacity back, tokens charged)."""
 
     def __init__(self, admission: Admission, session: QueueSession, ticket: Ticket, grant: Grant,
-                 forward: Callable[[str], Any], respond: Callable[..., Awaitable[Any]]) -> None:
+                 forward: Callable[[Grant], Any], respond: Callable[..., Awaitable[Any]]) -> None:
+        queue_s = time.monotonic() - ticket.arrived
+        headers = ticket.headers() | {"x-fleetgate-queue-ms": f"{queue_s * 1000:.1f}",
+                                      "x-fleetgate-gateway": session.owner}
+        super().__init__(admission.metrics, ticket.spec.tenant, ticket.spec.band, ticket.arrived, headers,
+                         ticket.prompt_tokens, ticket.client_wants_usage)
         self._admission, self._session, self._ticket, self._grant = admission, session, ticket, grant
         self._forward, self._respond = forward, respond
-        self._queue_ms = (time.monotonic() - ticket.created) * 1000
         self._requeues = 0
-        self._usage: StreamUsage | None = None
-        self._finished = False
+        self._record_grant(grant, queue_s)
 
-    def response_headers(self) -> dict[str, str]:
-        """Headers that tell the client how its request was classified and how long it queued."""
-        return {
-            "x-fleetgate-band": self._ticket.spec.band,
-            "x-fleetgate-length-class": self._ticket.spec.length_class,
-            "x-fleetgate-queue-ms": f"{self._queue_ms:.1f}",
-            "x-fleetgate-prompt-tokens": str(self._ticket.prompt_tokens),
-            "x-fleetgate-gateway": self._session.owner,
-        }
+    def _record_grant(self, grant: Grant, queue_s: float) -> None:
+        spec = self._ticket.spec
+        self.metrics.grants.labels(self.metrics.tenant(spec.tenant), grant.band, spec.length_class, grant.pool).inc()
+        self.metrics.queue_wait.labels(spec.band).observe(queue_s)
 
     def misrouted(self, header: dict[str, Any]) -> bool:
         """True when the call reached a replica other than the granted one (that one is gone)."""
@@ -168,33 +214,14 @@ class TicketAccounting:
             await self.failed()
             raise UpstreamUnavailable("The granted replicas kept disappearing; retry shortly.")
         self._grant = await self._admission.await_grant(
-            self._session.wait_again(self._ticket.spec, self._admission.config.max_wait_s)
+            self._session.wait_again(self._ticket.spec, self._ticket.max_wait_s)
         )
-        return await self._respond(self._forward(self._grant.replica_id), self)
+        return await self._respond(self._forward(self._grant), self)
 
-    def stream_usage(self) -> StreamUsage:
-        """The watcher of this request's stream (it also decides whether the usage chunk is shown)."""
-        self._usage = StreamUsage(self._ticket.prompt_tokens, self._ticket.client_wants_usage)
-        return self._usage
-
-    async def stream_ended(self) -> None:
-        """The stream ended (completed, failed or the client left): charge what it served."""
-        await self.finish(self._usage.total_tokens if self._usage else 0)
-
-    async def finished(self, total_tokens: int | None) -> None:
-        """A non-streamed reply completed with vLLM's usage figure."""
-        await self.finish(total_tokens if total_tokens is not None else self._ticket.prompt_tokens)
-
-    async def failed(self) -> None:
-        """The replica answered with an error or failed before serving anything."""
-        await self.finish(0)
-
-    async def finish(self, served_tokens: int) -> None:
-        """Return the capacity and charge ``served_tokens``, once; survives the caller's cancellation."""
-        if self._finished:
-            return
-        self._finished = True
+    async def settle(self, served_tokens: int) -> None:
+        """Return the capacity and charge ``served_tokens`` (the ledger, the rate bucket); survives cancellation."""
         try:
             await asyncio.shield(self._session.finish(self._ticket.spec.ticket_id, served_tokens))
         except redis.RedisError as exc:  # the lease expires instead and returns the capacity
             logger.warning("could not finish ticket (%s); its lease will expire", type(exc).__name__)
+        await asyncio.shield(self._admission.settle_rate(self._ticket, served_tokens - self._ticket.spec.cost))

@@ -28,8 +28,7 @@ def build_app(args: dict[str, Any]) -> Application:
         max_ongoing_requests=config.gateway.max_ongoing_requests,
         ray_actor_options={"num_cpus": config.gateway.num_cpus},
     )
-    queue = config.queue.model_dump() if config.queue.enabled else None
-    return gateway.bind(pools, config.model.name, config.model.path, queue)
+    return gateway.bind(pools, config.model_dump())
 
 
 def _bind_pool(pool: PoolConfig, config: AppConfig) -> Application:
@@ -53,6 +52,9 @@ def _bind_pool(pool: PoolConfig, config: AppConfig) -> Application:
         config.cache_dir,
         config.queue.model_dump() if config.queue.enabled else None,
         pool.name,
+        config.pool_accepts(pool),
+        pool.prefers,
+        config.metrics.publish_interval_s,
     )
 
 

@@ -10,6 +10,7 @@ import os
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from policies.classification import LengthClasses
 from replicas.cpu_binding import CpuBinding
 from replicas.engine_settings import EngineSettings
 
@@ -38,6 +39,14 @@ class PoolConfig(BaseModel):
     max_ongoing_requests: int = Field(256, ge=1, description="Requests one replica accepts at once.")
     engine: EngineSettings = Field(default_factory=EngineSettings, description="vLLM engine settings.")
     cpu_binding: CpuBinding | None = Field(None, description="CPU builds: cores each replica binds to.")
+    accepts: list[str] | None = Field(
+        None, description="Length classes this pool may run at all (None: every class)."
+    )
+    prefers: list[str] = Field(
+        default_factory=list,
+        description="Length classes this pool is built for: placement tries it first for them; other "
+        "accepted classes spill over onto it only when no preferring replica has room.",
+    )
 
 
 class GatewayDeploymentConfig(BaseModel):
@@ -59,6 +68,19 @@ class BandConfig(BaseModel):
     aging_s: float = Field(0, ge=0, description="Starvation guard: waiting this long promotes a ticket one band.")
     max_queued: int = Field(10_000, ge=1, description="Most tickets waiting in this band (then 429).")
     max_queued_tokens: int = Field(50_000_000, ge=1, description="Most estimated tokens waiting (then 429).")
+
+
+class LengthClassConfig(BaseModel):
+    """One prompt-length class; classes are listed shortest first and the last has no bound."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", description="Class name (header, metrics, placement).")
+    max_prompt_tokens: int | None = Field(None, ge=1, description="Longest prompt in this class (None: unbounded).")
+
+
+def _default_length_classes() -> list[LengthClassConfig]:
+    return [LengthClassConfig(name="short", max_prompt_tokens=512), LengthClassConfig(name="long")]
 
 
 def _default_bands() -> list[BandConfig]:
@@ -85,12 +107,15 @@ class QueueConfig(BaseModel):
     lease_s: float = Field(10, gt=0, description="Ticket and replica lease; renewed every third of it.")
     max_wait_s: float = Field(120, gt=0, description="Longest a request waits for a grant (then 429).")
     retry_after_s: int = Field(2, ge=1, description="Retry-After sent with a queue-full or timeout 429.")
-    long_prompt_above: int = Field(512, ge=1, description="Prompts above this many tokens are 'long'.")
-    default_output_tokens: int = Field(256, ge=1, description="Output estimate when max_tokens is unset.")
-    trust_tenant_header: bool = Field(
-        False, description="Local/dev only: take the tenant from x-tenant-id (no authentication)."
+    length_classes: list[LengthClassConfig] = Field(
+        default_factory=_default_length_classes,
+        description="Prompt-length classes, shortest first, the last unbounded (placement and metrics use them).",
     )
-    tenant_weights: dict[str, float] = Field(default_factory=dict, description="Fair-share weight per tenant.")
+    default_output_tokens: int = Field(256, ge=1, description="Output estimate when max_tokens is unset.")
+    objectives: dict[str, str] = Field(
+        default_factory=dict,
+        description="x-gateway-inference-objective name -> band (alias for users of the Inference Extension).",
+    )
 
     @model_validator(mode="after")
     def _bands_consistent(self) -> "QueueConfig":
@@ -99,11 +124,51 @@ class QueueConfig(BaseModel):
             raise ValueError(f"band names must be unique and non-empty, got {names}")
         if self.default_band not in names:
             raise ValueError(f"default_band {self.default_band!r} is not one of {names}")
+        for objective, band in self.objectives.items():
+            if band not in names:
+                raise ValueError(f"objective {objective!r} maps to unknown band {band!r}; bands are {names}")
+        self.length_class_policy()  # raises on bad bounds
         return self
+
+    @property
+    def band_names(self) -> list[str]:
+        """Band names, highest first."""
+        return [band.name for band in self.bands]
+
+    def length_class_policy(self) -> LengthClasses:
+        """The length classes as the classification policy uses them."""
+        return LengthClasses.from_bounds([(c.name, c.max_prompt_tokens) for c in self.length_classes])
 
     def resolved_redis_url(self) -> str:
         """REDIS_URL from the environment when set, else the configured URL."""
         return os.environ.get("REDIS_URL") or self.redis_url
+
+
+class AccessConfig(BaseModel):
+    """Who may call: the tenants file, and the explicit anonymous mode for local use."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tenants_file: str | None = Field(
+        None, description="Tenants file (deploy/tenants.yaml): keys (hashed), weights, bands, models, rate limits."
+    )
+    allow_anonymous: bool = Field(
+        False, description="Local use: a request without an Authorization header runs as anonymous_tenant."
+    )
+    anonymous_tenant: str = Field("anonymous", description="Tenant of anonymous requests (may be in the file).")
+    trust_tenant_header: bool = Field(
+        False, description="Local use, anonymous requests only: x-tenant-id names the tenant (no authentication)."
+    )
+    reload_interval_s: float = Field(2.0, gt=0, description="How often each gateway checks the file for changes.")
+
+
+class MetricsConfig(BaseModel):
+    """Prometheus metrics: every gateway and replica publishes its own; any gateway's /metrics shows all."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    publish_interval_s: float = Field(2.0, gt=0, description="How often each process publishes to Redis.")
+    tenant_labels: bool = Field(True, description="Label queue and request metrics by tenant.")
 
 
 class AppConfig(BaseModel):
@@ -115,6 +180,8 @@ class AppConfig(BaseModel):
     pools: list[PoolConfig] = Field(min_length=1, description="Replica pools; the first is the default.")
     gateway: GatewayDeploymentConfig = Field(default_factory=GatewayDeploymentConfig)
     queue: QueueConfig = Field(default_factory=QueueConfig, description="The global queue.")
+    access: AccessConfig = Field(default_factory=AccessConfig, description="Authentication and tenants.")
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Prometheus metrics.")
     cache_dir: str = Field(".cache/runtime", description="Where vLLM keeps compile caches and IPC sockets.")
 
     @field_validator("pools")
@@ -125,11 +192,30 @@ class AppConfig(BaseModel):
             raise ValueError(f"pool names must be unique, got {names}")
         return pools
 
+    @model_validator(mode="after")
+    def _every_length_class_has_a_pool(self) -> "AppConfig":
+        classes = [c.name for c in self.queue.length_classes]
+        for pool in self.pools:
+            for name in (pool.accepts or []) + pool.prefers:
+                if name not in classes:
+                    raise ValueError(f"pool {pool.name!r} names length class {name!r}; classes are {classes}")
+        for name in classes:
+            if not any(pool.accepts is None or name in pool.accepts for pool in self.pools):
+                raise ValueError(f"no pool accepts length class {name!r}: its requests could never run")
+        return self
+
+    def pool_accepts(self, pool: PoolConfig) -> list[str]:
+        """The length classes ``pool`` runs."""
+        return pool.accepts if pool.accepts is not None else [c.name for c in self.queue.length_classes]
+
     def with_absolute_paths(self, base_dir: str) -> "AppConfig":
         """Resolve relative local paths against ``base_dir`` (the directory `serve run` started in).
 
         A model path that is not a local folder and has no path separator is left alone: a hub id.
         """
+        tenants_file = self.access.tenants_file
+        if tenants_file is not None:
+            tenants_file = os.path.abspath(os.path.join(base_dir, tenants_file))
         model_path = self.model.path
         if self.model.build_tiny_model or os.path.exists(os.path.join(base_dir, model_path)):
             model_path = os.path.abspath(os.path.join(base_dir, model_path))
@@ -137,5 +223,6 @@ class AppConfig(BaseModel):
             update={
                 "model": self.model.model_copy(update={"path": model_path}),
                 "cache_dir": os.path.abspath(os.path.join(base_dir, self.cache_dir)),
+                "access": self.access.model_copy(update={"tenants_file": tenants_file}),
             }
         )

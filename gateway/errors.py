@@ -75,6 +75,21 @@ class InvalidHeader(GatewayError):
     status, error_type, code = 400, "invalid_request_error", "invalid_header"
 
 
+class Unauthenticated(GatewayError):
+    """No API key, a malformed Authorization header, or a key no tenant has."""
+
+    status, error_type, code = 401, "authentication_error", "invalid_api_key"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"WWW-Authenticate": "Bearer"})
+
+
+class PermissionDenied(GatewayError):
+    """The tenant may not use this model, or this band (when its tenant refuses requests above it)."""
+
+    status, error_type, code = 403, "permission_error", "permission_denied"
+
+
 class ContextLengthExceeded(GatewayError):
     """Prompt plus requested output does not fit the model's context."""
 
@@ -102,6 +117,12 @@ class QueueTimeout(Rejected):
     """No capacity came free before the request's queueing deadline."""
 
     status, error_type, code = 429, "rate_limit_error", "queue_timeout"
+
+
+class RateLimited(Rejected):
+    """The tenant's requests-per-minute or tokens-per-minute limit is reached."""
+
+    status, error_type, code = 429, "rate_limit_error", "rate_limit_exceeded"
 
 
 class QueueUnavailable(Rejected):

@@ -1,26 +1,33 @@
 """The gateway ingress: an OpenAI-compatible FastAPI app served by Ray Serve.
 
-A request's life, one step per function: parse -> check the model -> classify (tenant, band, prompt
-tokens, length class, cost) -> admit through the global queue and wait for a grant -> forward to exactly
-the granted replica -> stream back -> account (release capacity, charge the tokens served, exactly once).
-With the queue disabled, requests go straight to a replica through Serve's default router (the baseline).
+A request's life, one step per function: authenticate (tenant) -> parse -> check the model -> read the
+headers and decide the band (capped at the tenant's allowance) -> classify (prompt tokens, length class,
+cost) -> rate-limit and admit through the global queue, wait for a grant -> forward to exactly the granted
+replica of the granted pool -> stream back -> account (release capacity, charge the tokens served, exactly
+once). With the queue disabled, requests go straight to the first pool through Serve's default router (the
+baseline). Every response carries ``x-request-id``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from ray import serve
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway.accounting import StreamUsage
-from gateway.config import QueueConfig
+from gateway.access import Access
+from gateway.accounting import RequestOutcome, StreamUsage
+from gateway.admission import band_headers
+from gateway.config import AppConfig
 from gateway.errors import (
     GatewayError,
     MethodNotAllowed,
@@ -30,12 +37,20 @@ from gateway.errors import (
     error_body,
     from_vllm_error,
 )
+from gateway.headers import RequestHeaders, read_headers
+from gateway.metrics import GatewayMetrics
+from gateway.request_id import RequestIdMiddleware
 from gateway.request_parsing import Endpoint, ParsedRequest, parse_request, preload_protocol_models
 from gateway.routing import GRANT_KWARG
+from gateway.tenants import Tenant
+from policies.priority import BandDecision
+from policies.types import Grant
 
 logger = logging.getLogger(__name__)
 
 api = FastAPI(title="LLM gateway", description="OpenAI-compatible gateway in front of vLLM replica pools.")
+api.add_middleware(RequestIdMiddleware)
+CLIENT_GONE = 499  # the client went away before the reply (nginx's convention, for logs and metrics)
 
 
 @api.exception_handler(GatewayError)
@@ -59,9 +74,7 @@ async def _unexpected_error(_: Request, exc: Exception) -> JSONResponse:
 
 
 # Defined before the deployment class: Serve serialises the class when it is decorated.
-async def _relay_stream(
-    replies: DeploymentResponseGenerator, usage: StreamUsage | None = None, on_end: Any = None
-) -> AsyncIterator[str]:
+async def _relay_stream(replies: DeploymentResponseGenerator, usage: StreamUsage, on_end: Any) -> AsyncIterator[str]:
     """Relay the replica's SSE lines; on a replica failure end with an error event and [DONE].
 
     If the client goes away, Starlette cancels this generator; cancelling ``replies`` then propagates to
@@ -70,7 +83,7 @@ async def _relay_stream(
     """
     try:
         async for line in replies:
-            if usage is None or usage.observe(line):
+            if usage.observe(line):
                 yield line
     except Exception as exc:  # the replica died or failed mid-stream
         logger.warning("stream from replica failed: %s", type(exc).__name__)
@@ -79,50 +92,68 @@ async def _relay_stream(
         yield "data: [DONE]\n\n"
     finally:
         replies.cancel()
-        if on_end is not None:
-            await on_end()
+        await on_end()
 
 
 @serve.deployment
 @serve.ingress(api)
 class Gateway:
-    """Ray Serve ingress deployment: validates OpenAI requests, admits them through the global queue, and
-    forwards each to the replica its grant names."""
+    """Ray Serve ingress deployment: authenticates tenants, classifies and admits OpenAI requests through the
+    global queue, and forwards each to the replica its grant names."""
 
-    def __init__(
-        self,
-        pools: dict[str, DeploymentHandle],
-        served_model_name: str,
-        model_path: str | None = None,
-        queue: dict[str, Any] | None = None,
-    ) -> None:
+    async def __init__(self, pools: dict[str, DeploymentHandle], config: dict[str, Any]) -> None:
         if not pools:
             raise ValueError("the gateway needs at least one replica pool")
+        settings = AppConfig.model_validate(config)
         self._pools = pools
         self._default_pool = next(iter(pools))
-        self._served_model_name = served_model_name
+        self._served_model_name = settings.model.name
+        self._queue_config = settings.queue
         self._models_listing: dict[str, Any] | None = None
+        self._access = Access(settings.access, settings.queue.band_names, settings.queue.default_band)
+        self.metrics = GatewayMetrics(settings.metrics.tenant_labels)
+        self._tenant_labels = settings.metrics.tenant_labels
         preload_protocol_models()
         self._admission = None
-        if queue is not None and queue.get("enabled", True):
+        self._publisher = None
+        if settings.queue.enabled:
             from gateway.admission import Admission
+            from gateway.metrics_board import MetricsPublisher
 
-            self._admission = Admission(QueueConfig.model_validate(queue), model_path or "")
+            self._admission = Admission(settings.queue, settings.model.path, self.metrics)
+            session = await self._admission.session()
+            self._board = session.metrics_board(ttl_s=3 * settings.metrics.publish_interval_s)
+            self._publisher = MetricsPublisher(
+                self._board, f"gateway:{session.owner}", {"gateway": session.owner},
+                lambda: generate_latest(self.metrics.registry), settings.metrics.publish_interval_s,
+            )
+            self._publisher.start()
 
     @api.get("/health")
     async def health(self) -> dict[str, str]:
         """Liveness of the gateway itself."""
         return {"status": "ok"}
 
-    @api.get("/v1/models")
-    async def list_models(self) -> dict[str, Any]:
-        """vLLM's model listing (fetched from a replica once, then cached)."""
-        if self._models_listing is None:
+    @api.get("/metrics")
+    async def prometheus_metrics(self) -> Response:
+        """Prometheus exposition: every gateway's and replica's series and the global queue's gauges."""
+        body = generate_latest(self.metrics.registry)
+        if self._publisher is not None:
+            from gateway.metrics_board import render_fleet
+
             try:
-                self._models_listing = await self._pools[self._default_pool].models.remote()
-            except Exception as exc:
-                raise UpstreamUnavailable(f"No replica answered the model listing: {type(exc).__name__}")
-        return self._models_listing
+                await self._publisher.publish_now()
+                session = await self._admission.session()  # type: ignore[union-attr]
+                body = render_fleet(await self._board.read(), await session.queue.snapshot(), self._tenant_labels)
+            except Exception as exc:  # Redis down: this gateway's own series are still worth a scrape
+                logger.warning("fleet metrics unavailable (%s); serving this gateway's own", type(exc).__name__)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    @api.get("/v1/models")
+    async def list_models(self, request: Request) -> dict[str, Any]:
+        """vLLM's model listing (fetched from a replica once, then cached)."""
+        self._access.authenticate(request.headers)
+        return await self._listing()
 
     @api.post("/v1/chat/completions")
     async def chat_completions(self, request: Request) -> Response:
@@ -135,13 +166,51 @@ class Gateway:
         return await self._serve(request, "completion")
 
     async def _serve(self, request: Request, endpoint: Endpoint) -> Response:
-        parsed = parse_request(await request.body(), endpoint)
-        self._check_model(parsed)
-        if self._admission is None:
-            return await self._respond(self._forward(parsed, None), None)
-        max_model_len = int((await self.list_models())["data"][0].get("max_model_len") or 0)
-        ticket = await self._admission.classify(parsed, request.headers, max_model_len)
+        arrived = time.monotonic()
+        tenant_id, band, status = "", "", 500
+        try:
+            tenant = self._access.authenticate(request.headers)
+            tenant_id = tenant.id
+            parsed = parse_request(await request.body(), endpoint)
+            self._check_model(parsed)
+            self._access.check_model(tenant, parsed.model)
+            asked = read_headers(request.headers, self._queue_config.band_names, self._queue_config.objectives)
+            decision = self._access.band(tenant, asked)
+            band = decision.band
+            if decision.capped:
+                self.metrics.capped.labels(self.metrics.tenant(tenant_id), decision.requested, band).inc()
+            response = await self._dispatch(parsed, tenant, decision, asked, arrived)
+            status = response.status_code
+            return response
+        except GatewayError as exc:
+            status = exc.status
+            raise
+        except asyncio.CancelledError:
+            status = CLIENT_GONE
+            raise
+        finally:
+            self.metrics.requests.labels(self.metrics.tenant(tenant_id), band, str(status)).inc()
+            logger.info("request %s tenant=%s band=%s status=%s %.0f ms", request.state.request_id, tenant_id or "-",
+                        band or "-", status, (time.monotonic() - arrived) * 1000)
+
+    async def _dispatch(self, parsed: ParsedRequest, tenant: Tenant, decision: BandDecision,
+                        asked: RequestHeaders, arrived: float) -> Response:
+        if self._admission is None:  # the baseline: no global queue, Serve's default router
+            parsed.body["priority"] = self._queue_config.band_names.index(decision.band)
+            headers = {"x-fleetgate-band": decision.band} | band_headers(decision)
+            outcome = RequestOutcome(self.metrics, tenant.id, decision.band, arrived, headers)
+            return await self._respond(self._forward(parsed, None), outcome)
+        max_model_len = int((await self._listing())["data"][0].get("max_model_len") or 0)
+        ticket = await self._admission.classify(parsed, tenant, decision, asked, max_model_len, arrived)
         return await self._admission.run(ticket, lambda grant: self._forward(ticket.parsed, grant), self._respond)
+
+    async def _listing(self) -> dict[str, Any]:
+        if self._models_listing is None:
+            try:
+                self._models_listing = await self._pools[self._default_pool].models.remote()
+            except Exception as exc:
+                raise UpstreamUnavailable(f"No replica answered the model listing: {type(exc).__name__}")
+        return self._models_listing
 
     def _check_model(self, parsed: ParsedRequest) -> None:
         if parsed.model != self._served_model_name:
@@ -150,35 +219,31 @@ class Gateway:
                 param="model",
             )
 
-    def _forward(self, parsed: ParsedRequest, replica_id: str | None) -> DeploymentResponseGenerator:
-        pool = self._pools[self._default_pool]
-        kwargs = {GRANT_KWARG: replica_id} if replica_id else {}
-        return pool.options(stream=True).generate.remote(parsed.endpoint, parsed.body, **kwargs)
+    def _forward(self, parsed: ParsedRequest, grant: Grant | None) -> DeploymentResponseGenerator:
+        if grant is None:
+            return self._pools[self._default_pool].options(stream=True).generate.remote(parsed.endpoint, parsed.body)
+        # a pool this gateway does not know (config drift) reaches the default pool, which answers misrouted
+        pool = self._pools.get(grant.pool) or self._pools[self._default_pool]
+        return pool.options(stream=True).generate.remote(parsed.endpoint, parsed.body, **{GRANT_KWARG: grant.replica_id})
 
     @staticmethod
-    async def _respond(replies: DeploymentResponseGenerator, accounting: Any) -> Response:
-        """Turn the replica's reply into the HTTP response; ``accounting`` hears how it ended."""
+    async def _respond(replies: DeploymentResponseGenerator, outcome: RequestOutcome) -> Response:
+        """Turn the replica's reply into the HTTP response; ``outcome`` hears how it ended."""
         try:
             header = await replies.__anext__()
         except BaseException as exc:
             replies.cancel()
-            if accounting is not None:
-                await accounting.failed()
+            await outcome.failed()
             if isinstance(exc, Exception):
                 raise UpstreamUnavailable(f"The model replica failed: {type(exc).__name__}") from None
             raise
-        if accounting is not None and accounting.misrouted(header):
-            return await accounting.retry()
+        if outcome.misrouted(header):
+            return await outcome.retry()
         if header["status"] != 200:
-            if accounting is not None:
-                await accounting.failed()
+            await outcome.failed()
             raise from_vllm_error(header["body"])
-        headers = accounting.response_headers() if accounting is not None else {}
         if not header["stream"]:
-            if accounting is not None:
-                await accounting.finished((header["body"].get("usage") or {}).get("total_tokens"))
-            return JSONResponse(header["body"], headers=headers)
-        usage = accounting.stream_usage() if accounting is not None else None
-        on_end = accounting.stream_ended if accounting is not None else None
-        return StreamingResponse(_relay_stream(replies, usage, on_end), media_type="text/event-stream",
-                                 headers=headers)
+            await outcome.finished((header["body"].get("usage") or {}).get("total_tokens"))
+            return JSONResponse(header["body"], headers=outcome.response_headers())
+        return StreamingResponse(_relay_stream(replies, outcome.stream_usage(), outcome.stream_ended),
+                                 media_type="text/event-stream", headers=outcome.response_headers())

@@ -27,6 +27,7 @@ class CapacityRegistration:
         self._capacity = capacity
         self._lease_ms = int(config.lease_s * 1000)
         self._task: asyncio.Task | None = None
+        self._metrics: Any = None
 
     async def start(self) -> None:
         """Register now (failing loudly if Redis is unreachable), then renew in the background."""
@@ -43,7 +44,21 @@ class CapacityRegistration:
             except Exception as exc:  # Redis restarting: keep trying; the lease bridges short gaps
                 logger.warning("capacity heartbeat failed: %s", type(exc).__name__)
 
+    def publish_metrics(self, interval_s: float) -> None:
+        """Publish this process's Prometheus registry (vLLM's own ``vllm:*`` metrics) to the fleet's board."""
+        from prometheus_client import REGISTRY, generate_latest
+
+        from gateway.metrics_board import MetricsBoard, MetricsPublisher
+
+        board = MetricsBoard(self._queue.client, self._queue.keys, ttl_s=3 * interval_s)
+        replica = self._capacity.replica_id
+        self._metrics = MetricsPublisher(board, f"replica:{replica}", {"replica": replica, "pool": self._capacity.pool},
+                                         lambda: generate_latest(REGISTRY), interval_s)
+        self._metrics.start()
+
     def stop(self) -> None:
         """Stop renewing; the lease lapses (deregistration needs a running loop, which __del__ lacks)."""
         if self._task is not None:
             self._task.cancel()
+        if self._metrics is not None:
+            self._metrics.stop()

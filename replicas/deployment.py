@@ -47,6 +47,8 @@ class VLLMReplica:
         queue: dict[str, Any] | None = None,
         pool: str = "default",
         accepts: list[str] | None = None,
+        prefers: list[str] | None = None,
+        metrics_interval_s: float = 2.0,
     ) -> None:
         self._served_model_name = served_model_name
         self.replica_id = _serve_replica_id()
@@ -58,11 +60,13 @@ class VLLMReplica:
             slots_total=settings.max_num_seqs,
             tokens_total=_kv_capacity_tokens(self._engine, settings),
             accepts=frozenset(accepts or ("short", "long")),
+            prefers=frozenset(prefers or ()),
             pool=pool,
         )
         self._registration = CapacityRegistration(queue, self._capacity) if queue else None
         if self._registration is not None:
             await self._registration.start()
+            self._registration.publish_metrics(metrics_interval_s)
         logger.info("vLLM replica %s ready: pool=%s capacity=%s settings=%s", self.replica_id, pool,
                     self._capacity, settings.model_dump())
 

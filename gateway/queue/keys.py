@@ -37,6 +37,14 @@ class QueueKeys:
         """The list a gateway replica blocks on for its grants."""
         return f"{self.prefix}inbox:{owner}"
 
-    def rate_window(self, tenant: str, kind: str, window: int) -> str:
-        """Counter of one tenant's rate-limit window."""
-        return f"{self.prefix}rate:{kind}:{tenant}:{window}"
+    def rate_bucket(self, tenant: str) -> str:
+        """One tenant's rate-limit buckets (requests and tokens per minute)."""
+        return f"{self.prefix}rate:{tenant}"
+
+    def metrics(self, source: str) -> str:
+        """One gateway's or replica's latest Prometheus exposition (expires unless republished)."""
+        return f"{self.prefix}metrics:{source}"
+
+    def metrics_sources(self) -> str:
+        """Set of every source that has published metrics (expired ones are dropped on read)."""
+        return f"{self.prefix}metrics_sources"

@@ -65,6 +65,11 @@ class EnqueueResult:
         return self.status == "admitted"
 
 
+def lua_mapping(value: Any) -> dict[str, Any]:
+    """A Lua table decoded from a script's JSON as a dict (cjson encodes an empty table as [] or {})."""
+    return value if isinstance(value, dict) else {}
+
+
 def _grants(raw: Any) -> list[Grant]:
     # cjson encodes an empty Lua table as {}, not []
     return [Grant(*item) for item in raw] if isinstance(raw, list) else []

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
 
+from gateway.metrics_board import MetricsBoard
 from gateway.queue.redis_queue import RedisGlobalQueue
 from policies.types import Grant, TicketSpec
 
@@ -63,6 +64,10 @@ class QueueSession:
         for client in {id(c): c for c in (self._blocking, self.queue.client)}.values():
             with contextlib.suppress(Exception):
                 await client.aclose()
+
+    def metrics_board(self, ttl_s: float) -> MetricsBoard:
+        """The fleet's metrics board on this session's Redis connection."""
+        return MetricsBoard(self.queue.client, self.queue.keys, ttl_s)
 
     @property
     def owned(self) -> frozenset[str]:

@@ -34,20 +34,22 @@ class _GapTracker:
     def __init__(self) -> None:
         self._spans: dict[tuple, list[float]] = {}
 
-    def sample(self, key: tuple, both_backlogged: bool, diff: float, limit: float) -> None:
-        if not both_backlogged:
+    def sample(self, key: tuple, backlogged_before: bool, backlogged_after: bool, diff: float, limit: float) -> None:
+        """``diff`` after a grant; both sides were backlogged just before it, and still are after it, or not."""
+        if backlogged_before:
+            span = self._spans.setdefault(key, [])
+            span.append(diff)
+            assert max(span) - min(span) <= limit + 1e-9, (key, span)
+        if not backlogged_after:  # one side went idle: its next busy period starts a new interval
             self._spans.pop(key, None)
-            return
-        span = self._spans.setdefault(key, [])
-        span.append(diff)
-        assert max(span) - min(span) <= limit + 1e-9, (key, span)
 
 
 def _replay(specs_by_step: dict[int, list[TicketSpec]], slots: int, on_grant) -> None:
     """One replica of ``slots`` slots; every grant runs for one step, so bursts leave tenants backlogged.
 
-    ``on_grant(spec, waiting_before)`` hears every grant in order, with the tickets that were waiting just
-    before it (those still waiting after the call, plus the ones the same call granted from it on).
+    ``on_grant(spec, waiting_before, waiting_after)`` hears every grant in order, with the tickets that were
+    waiting just before it (those still waiting after the call, plus the ones the same call granted from it
+    on) and just after it.
     """
     scheduler = ReferenceScheduler([BandPolicy("only")])
     scheduler.register_replica(ReplicaCapacity("r", slots_total=slots, tokens_total=10**9), 0, LEASE)
@@ -57,7 +59,7 @@ def _replay(specs_by_step: dict[int, list[TicketSpec]], slots: int, on_grant) ->
         specs = [scheduler.tickets[grant.ticket_id].spec for grant in grants]
         still_waiting = [scheduler.tickets[t].spec for tenant in tenants for t in scheduler.waiting_ids("only", tenant)]
         for index, spec in enumerate(specs):
-            on_grant(spec, still_waiting + specs[index:])
+            on_grant(spec, still_waiting + specs[index:], still_waiting + specs[index + 1:])
         return [grant.ticket_id for grant in grants]
 
     running: list[str] = []
@@ -82,13 +84,13 @@ def test_backlogged_tenants_weighted_service_gap_is_bounded(arrivals, slots) -> 
     service = dict.fromkeys(WEIGHTS, 0.0)
     gaps = _GapTracker()
 
-    def on_grant(spec: TicketSpec, waiting_before: list[TicketSpec]) -> None:
+    def on_grant(spec: TicketSpec, waiting_before: list[TicketSpec], waiting_after: list[TicketSpec]) -> None:
         service[spec.tenant] += spec.cost / WEIGHTS[spec.tenant]
-        backlogged = {s.tenant for s in waiting_before}
+        before, after = {s.tenant for s in waiting_before}, {s.tenant for s in waiting_after}
         for i in WEIGHTS:
             for j in WEIGHTS:
                 if i < j:
-                    gaps.sample((i, j), {i, j} <= backlogged, service[i] - service[j], bound)
+                    gaps.sample((i, j), {i, j} <= before, {i, j} <= after, service[i] - service[j], bound)
 
     _replay(by_step, slots, on_grant)
 
@@ -112,14 +114,16 @@ def test_flows_share_their_tenant_fairly_without_changing_the_tenant_bound(arriv
     service: dict[tuple[str, str], float] = defaultdict(float)
     gaps = _GapTracker()
 
-    def on_grant(spec: TicketSpec, waiting_before: list[TicketSpec]) -> None:
+    def on_grant(spec: TicketSpec, waiting_before: list[TicketSpec], waiting_after: list[TicketSpec]) -> None:
         service[(spec.tenant, spec.flow)] += spec.cost
         weighted = {t: sum(v for (tt, _), v in service.items() if tt == t) / WEIGHTS[t] for t in "ab"}
-        tenants = {s.tenant for s in waiting_before}
-        gaps.sample(("a", "b"), tenants == {"a", "b"}, weighted["a"] - weighted["b"], bound)
-        flows = {s.flow for s in waiting_before if s.tenant == "a"}
+        before, after = {s.tenant for s in waiting_before}, {s.tenant for s in waiting_after}
+        gaps.sample(("a", "b"), before == {"a", "b"}, after == {"a", "b"}, weighted["a"] - weighted["b"], bound)
+        flows_before = {s.flow for s in waiting_before if s.tenant == "a"}
+        flows_after = {s.flow for s in waiting_after if s.tenant == "a"}
         for i, j in [("", "x"), ("", "y"), ("x", "y")]:
-            gaps.sample((i, j), {i, j} <= flows, service[("a", i)] - service[("a", j)], flow_bound)
+            gaps.sample((i, j), {i, j} <= flows_before, {i, j} <= flows_after,
+                        service[("a", i)] - service[("a", j)], flow_bound)
 
     _replay(by_step, slots, on_grant)
 

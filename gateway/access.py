@@ -1,0 +1,61 @@
+"""Who is calling, and what they may do: authentication, model permission, the request's band.
+
+``Authorization: Bearer <key>`` names the tenant (401 for a missing, malformed or unknown key). Where
+``access.allow_anonymous`` is on (the explicit local mode), a request without the header runs as the
+anonymous tenant, or, with ``trust_tenant_header``, as the tenant its ``x-tenant-id`` names. A key that is
+sent is always checked: an unknown key is a 401 in every mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from gateway.config import AccessConfig
+from gateway.errors import PermissionDenied, Unauthenticated
+from gateway.headers import RequestHeaders, read_tenant_id
+from gateway.tenants import Tenant, TenantRegistry
+from policies.priority import BandDecision, BandNotAllowed, resolve_band
+
+
+class Access:
+    """Authentication and authorisation for one gateway replica."""
+
+    def __init__(self, config: AccessConfig, bands: list[str], default_band: str) -> None:
+        self.config = config
+        self.bands = bands
+        self.default_band = default_band
+        self.tenants = TenantRegistry(config.tenants_file, bands, config.reload_interval_s)
+
+    def authenticate(self, headers: Mapping[str, str]) -> Tenant:
+        """The calling tenant; raises Unauthenticated (401)."""
+        authorization = headers.get("authorization")
+        if authorization is not None:
+            scheme, _, key = authorization.strip().partition(" ")
+            if scheme.lower() != "bearer" or not key.strip():
+                raise Unauthenticated("The Authorization header must be 'Bearer <API key>'.")
+            tenant = self.tenants.by_key(key.strip())
+            if tenant is None:
+                raise Unauthenticated("Invalid API key.")
+            return tenant
+        if not self.config.allow_anonymous:
+            raise Unauthenticated("Missing API key: send 'Authorization: Bearer <API key>'.")
+        tenant_id = self.config.anonymous_tenant
+        if self.config.trust_tenant_header:
+            tenant_id = read_tenant_id(headers) or tenant_id
+        return self.tenants.by_id(tenant_id) or Tenant(id=tenant_id)
+
+    def check_model(self, tenant: Tenant, model: str) -> None:
+        """Raise PermissionDenied (403) when the tenant may not call ``model``."""
+        if not tenant.may_use_model(model):
+            raise PermissionDenied(f"This API key may not use the model `{model}`.", param="model")
+
+    def band(self, tenant: Tenant, asked: RequestHeaders) -> BandDecision:
+        """The band the request runs in: what it asked for, capped at the tenant's allowance (or 403)."""
+        try:
+            return resolve_band(asked.band, self.bands, tenant.default_band or self.default_band,
+                                tenant.max_band, tenant.over_allowance)
+        except BandNotAllowed as exc:
+            raise PermissionDenied(
+                f"This API key may not use the {exc.requested!r} band; its highest is {exc.ceiling!r}.",
+                param="x-priority",
+            ) from None

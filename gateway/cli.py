@@ -1,0 +1,179 @@
+"""The ``fleetgate`` command: manage the tenants file, watch the fleet.
+
+    fleetgate tenants add-key FILE TENANT [--key-id ID] [--create]   make a key, store its hash, print it once
+    fleetgate tenants revoke-key FILE TENANT KEY_ID                   remove a key
+    fleetgate tenants check FILE [--config deploy/local.yaml]         validate the file against the bands
+    fleetgate status [--config deploy/local.yaml] [--watch SECONDS]   bands, tenants, replicas, gateways
+
+Editing keeps the file's comments and layout (ruamel.yaml) and replaces it atomically, so a gateway
+reloading it never reads half a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gateway.tenants import ApiKey, Tenant, TenantsFile, hash_key, new_key
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``fleetgate``; returns the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (ValueError, KeyError, OSError) as exc:
+        print(f"fleetgate: {exc}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fleetgate", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(required=True)
+    tenants = commands.add_parser("tenants", help="manage the tenants file").add_subparsers(required=True)
+
+    add = tenants.add_parser("add-key", help="make an API key for a tenant; prints it once")
+    add.add_argument("file")
+    add.add_argument("tenant")
+    add.add_argument("--key-id", help="name of the key (default: key-<date>-<random>)")
+    add.add_argument("--create", action="store_true", help="add the tenant (weight 1, every band) if missing")
+    add.set_defaults(run=_add_key)
+
+    revoke = tenants.add_parser("revoke-key", help="remove one of a tenant's keys")
+    revoke.add_argument("file")
+    revoke.add_argument("tenant")
+    revoke.add_argument("key_id")
+    revoke.set_defaults(run=_revoke_key)
+
+    check = tenants.add_parser("check", help="validate a tenants file")
+    check.add_argument("file")
+    check.add_argument("--config", default="deploy/local.yaml", help="Serve config whose bands to check against")
+    check.set_defaults(run=_check)
+
+    status = commands.add_parser("status", help="the live state of the global queue")
+    status.add_argument("--config", default="deploy/local.yaml", help="Serve config (namespace, bands, Redis URL)")
+    status.add_argument("--redis-url", help="Redis URL (default: REDIS_URL, else the config's)")
+    status.add_argument("--watch", type=float, metavar="SECONDS", help="redraw every SECONDS until Ctrl-C")
+    status.set_defaults(run=_status)
+    return parser
+
+
+def _add_key(args: argparse.Namespace) -> int:
+    document = _load_round_trip(args.file)
+    tenants = document.setdefault("tenants", [])
+    entry = next((t for t in tenants if t.get("id") == args.tenant), None)
+    if entry is None:
+        if not args.create:
+            raise KeyError(f"no tenant {args.tenant!r} in {args.file} (use --create to add it)")
+        Tenant(id=args.tenant)  # validates the id
+        entry = {"id": args.tenant, "weight": 1, "api_keys": []}
+        tenants.append(entry)
+    key = new_key()
+    key_id = args.key_id or f"key-{datetime.date.today():%Y%m%d}-{os.urandom(3).hex()}"
+    record = ApiKey(id=key_id, sha256=hash_key(key), created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
+    if any(k.get("id") == key_id for k in entry.get("api_keys") or []):
+        raise ValueError(f"tenant {args.tenant!r} already has a key named {key_id!r}")
+    if entry.get("api_keys") is None:
+        entry["api_keys"] = []
+    entry["api_keys"].append(record.model_dump())
+    _save_round_trip(args.file, document)
+    print(key)
+    print(f"# key {key_id!r} of tenant {args.tenant!r}: shown once, only its SHA-256 is stored", file=sys.stderr)
+    return 0
+
+
+def _revoke_key(args: argparse.Namespace) -> int:
+    document = _load_round_trip(args.file)
+    entry = next((t for t in document.get("tenants") or [] if t.get("id") == args.tenant), None)
+    if entry is None:
+        raise KeyError(f"no tenant {args.tenant!r} in {args.file}")
+    keys = entry.get("api_keys") or []
+    kept = [k for k in keys if k.get("id") != args.key_id]
+    if len(kept) == len(keys):
+        raise KeyError(f"tenant {args.tenant!r} has no key {args.key_id!r}")
+    keys[:] = kept
+    _save_round_trip(args.file, document)
+    print(f"revoked key {args.key_id!r} of tenant {args.tenant!r}")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    bands = _app_args(args.config)["queue"].band_names
+    tenants = TenantsFile.read(args.file).check_bands(bands)
+    keys = sum(len(t.api_keys) for t in tenants.tenants)
+    print(f"{args.file}: {len(tenants.tenants)} tenants, {keys} keys, bands {bands}: ok")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    import redis
+
+    from gateway.queue.factory import queue_settings
+    from gateway.queue.keys import QueueKeys
+    from gateway.queue.redis_queue import BlockingGlobalQueue
+    from gateway.status_view import render_status
+
+    queue_config = _app_args(args.config)["queue"]
+    url = args.redis_url or queue_config.resolved_redis_url()
+    client = redis.Redis.from_url(url, socket_connect_timeout=2)
+    keys = QueueKeys(namespace=queue_config.namespace)
+    queue = BlockingGlobalQueue(client, keys, queue_settings(queue_config))
+    while True:
+        sources = sorted(s.decode() for s in client.smembers(keys.metrics_sources()) if client.exists(keys.metrics(s.decode())))
+        view = render_status(queue.snapshot(), keys.namespace, _redacted(url), sources)
+        if args.watch is None:
+            print(view)
+            return 0
+        print("\033[2J\033[H" + view, flush=True)
+        time.sleep(args.watch)
+
+
+def _app_args(config_file: str) -> dict[str, Any]:
+    from gateway.config import AppConfig
+
+    document = yaml.safe_load(Path(config_file).read_text())
+    config = AppConfig.model_validate(document["applications"][0]["args"])
+    return {"queue": config.queue, "access": config.access}
+
+
+def _redacted(url: str) -> str:
+    if "@" not in url:
+        return url
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://***@{rest.split('@', 1)[1]}"
+
+
+def _load_round_trip(path: str) -> Any:
+    from ruamel.yaml import YAML
+
+    text = Path(path).read_text() if os.path.exists(path) else "tenants: []\n"
+    return YAML().load(text) or {}
+
+
+def _save_round_trip(path: str, document: Any) -> None:
+    from io import StringIO
+
+    from ruamel.yaml import YAML
+
+    buffer = StringIO()
+    YAML().dump(document, buffer)
+    TenantsFile.model_validate(yaml.safe_load(buffer.getvalue()) or {})  # never write a file gateways would refuse
+    target = Path(path).resolve()
+    fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    with os.fdopen(fd, "w") as handle:
+        handle.write(buffer.getvalue())
+    if target.exists():
+        os.chmod(temporary, target.stat().st_mode & 0o777)
+    os.replace(temporary, target)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""The gateway's own Prometheus metrics (one registry per gateway replica).
+
+Every gateway replica publishes these to Redis (see :mod:`gateway.metrics_board`), so a scrape of any
+gateway's ``/metrics`` shows every replica's series, labelled ``gateway``, beside the fleet-wide queue
+gauges read from the global queue and every vLLM replica's own ``vllm:*`` metrics.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+
+# a per-series "_created" gauge doubles what is published and scraped for no use here
+disable_created_metrics()
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
+TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5, 5)
+
+
+class GatewayMetrics:
+    """Counters and histograms of one gateway replica. ``tenant_labels=False`` blanks the tenant label."""
+
+    def __init__(self, tenant_labels: bool = True) -> None:
+        self.registry = CollectorRegistry()
+        self._tenant_labels = tenant_labels
+        r = self.registry
+        self.requests = Counter("fleetgate_requests", "Requests answered, by HTTP status.",
+                                ["tenant", "band", "status"], registry=r)
+        self.rejections = Counter("fleetgate_rejections", "Requests turned away at admission, by reason.",
+                                  ["tenant", "band", "reason"], registry=r)
+        self.grants = Counter("fleetgate_grants", "Grants received from the global queue.",
+                              ["tenant", "band", "length_class", "pool"], registry=r)
+        self.capped = Counter("fleetgate_band_capped", "Requests lowered to their tenant's highest band.",
+                              ["tenant", "requested", "band"], registry=r)
+        self.tokens = Counter("fleetgate_served_tokens", "Prompt + output tokens served (what tenants are charged).",
+                              ["tenant", "band"], registry=r)
+        self.queue_wait = Histogram("fleetgate_queue_wait_seconds", "Time from arrival to grant.",
+                                    ["band"], buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram("fleetgate_time_to_first_token_seconds",
+                              "Arrival at the gateway to the first streamed token (queueing included).",
+                              ["band"], buckets=LATENCY_BUCKETS, registry=r)
+        self.inter_token = Histogram("fleetgate_inter_token_latency_seconds",
+                                     "Gap between consecutive streamed chunks, as the gateway relays them.",
+                                     ["band"], buckets=TOKEN_GAP_BUCKETS, registry=r)
+        self.duration = Histogram("fleetgate_request_duration_seconds", "Arrival to the last byte of the reply.",
+                                  ["band"], buckets=LATENCY_BUCKETS, registry=r)
+
+    def tenant(self, tenant_id: str) -> str:
+        """The tenant label value (blank when tenant labels are off)."""
+        return tenant_id if self._tenant_labels else ""
+
+    def observe_stream(self, band: str, arrived: float, chunk_times: list[float]) -> None:
+        """TTFT and inter-token gaps of one streamed reply (monotonic times of its content chunks)."""
+        if not chunk_times:
+            return
+        self.ttft.labels(band).observe(chunk_times[0] - arrived)
+        gaps = self.inter_token.labels(band)
+        for earlier, later in zip(chunk_times, chunk_times[1:]):
+            gaps.observe(later - earlier)

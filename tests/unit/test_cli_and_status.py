@@ -1,0 +1,56 @@
+"""`fleetgate tenants` edits the file in place (comments kept, keys hashed); `fleetgate status` renders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import main
+from gateway.status_view import render_status
+from gateway.tenants import TenantRegistry, TenantsFile
+
+BANDS = ["interactive", "standard", "batch"]
+
+
+def test_add_key_prints_it_once_and_stores_only_its_hash(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = tmp_path / "tenants.yaml"
+    path.write_text("# our tenants\ntenants:\n  - id: acme   # the first customer\n    weight: 3\n")
+    assert main(["tenants", "add-key", str(path), "acme", "--key-id", "ci"]) == 0
+    key = capsys.readouterr().out.strip()
+    text = path.read_text()
+    assert key.startswith("fg-") and key not in text
+    assert "# our tenants" in text and "# the first customer" in text
+    assert TenantRegistry(str(path), BANDS).by_key(key).id == "acme"
+    assert main(["tenants", "add-key", str(path), "acme", "--key-id", "ci"]) == 2  # names are unique
+    assert main(["tenants", "add-key", str(path), "nobody"]) == 2
+    assert main(["tenants", "add-key", str(path), "newco", "--create"]) == 0
+    assert {t.id for t in TenantsFile.read(path).tenants} == {"acme", "newco"}
+    assert main(["tenants", "revoke-key", str(path), "acme", "ci"]) == 0
+    assert TenantRegistry(str(path), BANDS).by_key(key) is None
+
+
+def test_check_validates_against_the_configs_bands(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    config = str(Path(__file__).resolve().parents[2] / "deploy" / "local.yaml")
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text("tenants: [{id: a, max_band: batch}]")
+    bad.write_text("tenants: [{id: a, max_band: urgent}]")
+    assert main(["tenants", "check", str(good), "--config", config]) == 0
+    assert main(["tenants", "check", str(bad), "--config", config]) == 2
+    assert "urgent" in capsys.readouterr().err
+
+
+def test_status_view_shows_bands_tenants_replicas_and_gateways() -> None:
+    snapshot = {
+        "now_ms": 1_000_000,
+        "bands": [{"name": "interactive", "queued": 0, "queued_tokens": 0, "tenants": {}, "counters": {}},
+                  {"name": "batch", "queued": 3, "queued_tokens": 900,
+                   "tenants": {"etl": {"queued": 3, "queued_tokens": 900}}, "counters": {"etl": "1200"}}],
+        "replicas": [{"replica_id": "r1", "pool": "throughput", "slots_total": 4, "slots_free": 1,
+                      "tokens_total": 1000, "tokens_free": 400, "accepts": "long,short", "prefers": "long",
+                      "expires_ms": 1_004_000}],
+        "stats": {"granted": 10, "completed": 7}, "tickets": 6,
+    }
+    view = render_status(snapshot, "local", "redis://127.0.0.1:6399/0", ["gateway:gw-a", "replica:r1"])
+    assert "etl" in view and "3/4" in view and "600/1000" in view and "throughput" in view
+    assert "gateways publishing: 1 (gw-a)" in view and "granted=10" in view

@@ -1,0 +1,89 @@
+"""Request headers, request ids, length classes, band resolution and pool-preferring placement (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.errors import InvalidHeader
+from gateway.headers import read_headers, read_tenant_id
+from gateway.request_id import request_id_from
+from policies.classification import LengthClasses, estimate_cost
+from policies.placement import choose_replica
+from policies.priority import BandNotAllowed, resolve_band
+from policies.types import ReplicaCapacity
+
+BANDS = ["interactive", "standard", "batch"]
+OBJECTIVES = {"chat": "interactive", "offline": "batch"}
+
+
+def test_priority_objective_alias_fairness_id_and_slo() -> None:
+    asked = read_headers({"x-gateway-inference-objective": "chat", "x-gateway-inference-fairness-id": "user:42",
+                          "x-slo-ttft-ms": "1500"}, BANDS, OBJECTIVES)
+    assert (asked.band, asked.flow, asked.ttft_slo_s) == ("interactive", "user:42", 1.5)
+    both = read_headers({"x-priority": "batch", "x-gateway-inference-objective": "chat"}, BANDS, OBJECTIVES)
+    assert both.band == "batch"  # x-priority wins
+    assert read_headers({}, BANDS, OBJECTIVES).band is None
+
+
+@pytest.mark.parametrize(("headers", "param"), [
+    ({"x-priority": "urgent"}, "x-priority"),
+    ({"x-gateway-inference-objective": "nope"}, "x-gateway-inference-objective"),
+    ({"x-gateway-inference-fairness-id": "a|b"}, "x-gateway-inference-fairness-id"),
+    ({"x-gateway-inference-fairness-id": "x" * 129}, "x-gateway-inference-fairness-id"),
+    ({"x-slo-ttft-ms": "soon"}, "x-slo-ttft-ms"),
+    ({"x-slo-ttft-ms": "-5"}, "x-slo-ttft-ms"),
+    ({"x-slo-ttft-ms": "0"}, "x-slo-ttft-ms"),
+])
+def test_bad_header_values_are_400_naming_the_header(headers: dict, param: str) -> None:
+    with pytest.raises(InvalidHeader) as caught:
+        read_headers(headers, BANDS, OBJECTIVES)
+    assert caught.value.status == 400 and caught.value.param == param
+
+
+def test_tenant_header_is_validated() -> None:
+    assert read_tenant_id({"x-tenant-id": "team-7"}) == "team-7"
+    with pytest.raises(InvalidHeader):
+        read_tenant_id({"x-tenant-id": "a|b"})
+
+
+def test_request_id_is_honoured_when_safe_else_generated() -> None:
+    assert request_id_from("req-123_abc") == "req-123_abc"
+    generated = {request_id_from(None), request_id_from("has spaces"), request_id_from("x" * 200)}
+    assert len(generated) == 3 and all(len(g) == 32 for g in generated)
+
+
+def test_length_classes_from_configured_bounds() -> None:
+    classes = LengthClasses.from_bounds([("tiny", 16), ("short", 512), ("long", None)])
+    assert [classes.classify(n) for n in (1, 16, 17, 512, 513, 10**6)] == ["tiny", "tiny", "short", "short",
+                                                                             "long", "long"]
+    for bad in ([("a", 10)], [("a", 10), ("b", 5), ("c", None)], [("a", None), ("b", None)]):
+        with pytest.raises(ValueError):
+            LengthClasses.from_bounds(bad)
+
+
+def test_cost_is_prompt_plus_bounded_output() -> None:
+    assert estimate_cost(100, 20, 256, 4096) == 120
+    assert estimate_cost(100, None, 256, 4096) == 356
+    assert estimate_cost(4000, None, 256, 4096) == 4096  # never beyond the context
+
+
+def test_resolve_band() -> None:
+    assert resolve_band(None, BANDS, "standard").band == "standard"
+    assert resolve_band("interactive", BANDS, "standard", ceiling="standard").band == "standard"
+    assert resolve_band(None, BANDS, "interactive", ceiling="batch").band == "batch"
+    with pytest.raises(BandNotAllowed):
+        resolve_band("standard", BANDS, "batch", ceiling="batch", over_allowance="reject")
+
+
+def test_long_prompts_go_to_the_preferring_pool_and_short_ones_spill_over() -> None:
+    latency = ReplicaCapacity("lat", 2, 10_000, accepts=frozenset({"short"}), prefers=frozenset({"short"}),
+                              pool="latency")
+    throughput = ReplicaCapacity("thr", 4, 10_000, accepts=frozenset({"short", "long"}),
+                                 prefers=frozenset({"long"}), pool="throughput")
+    replicas = [latency, throughput]
+    assert choose_replica(replicas, 100, "short") is latency  # preferred, though the other has more free slots
+    assert choose_replica(replicas, 3000, "long") is throughput
+    latency.slots_free = 0
+    assert choose_replica(replicas, 100, "short") is throughput  # spill-over onto free capacity
+    throughput.slots_free = 0
+    assert choose_replica(replicas, 3000, "long") is None  # never onto the latency pool
