@@ -18,8 +18,8 @@ import redis
 
 from gateway.accounting import RequestOutcome
 from gateway.config import QueueConfig
+from gateway.classify import Classification
 from gateway.errors import (
-    ContextLengthExceeded,
     GatewayError,
     QueueFull,
     QueueTimeout,
@@ -34,8 +34,6 @@ from gateway.queue.rate_limits import RateLimiter
 from gateway.queue.session import QueueDeadlineExpired, QueueRejected, QueueSession
 from gateway.request_parsing import ParsedRequest
 from gateway.tenants import Tenant
-from gateway.tokens import PromptTokenCounter
-from policies.classification import estimate_cost
 from policies.priority import BandDecision
 from policies.types import Grant, TicketSpec
 from replicas.deployment import MISROUTED
@@ -78,11 +76,9 @@ def band_headers(decision: BandDecision) -> dict[str, str]:
 class Admission:
     """Classify requests and admit them through the global queue (one per gateway replica)."""
 
-    def __init__(self, config: QueueConfig, model_path: str, metrics: GatewayMetrics) -> None:
+    def __init__(self, config: QueueConfig, metrics: GatewayMetrics) -> None:
         self.config = config
         self.metrics = metrics
-        self._counter = PromptTokenCounter(model_path)
-        self._lengths = config.length_class_policy()
         self._band_priority = {band.name: index for index, band in enumerate(config.bands)}
         self._session: QueueSession | None = None
         self._rates: RateLimiter | None = None
@@ -99,30 +95,20 @@ class Admission:
             await self._session.start()
         return self._session
 
-    async def classify(self, parsed: ParsedRequest, tenant: Tenant, decision: BandDecision,
-                       asked: RequestHeaders, max_model_len: int, arrived: float) -> Ticket:
-        """Prompt tokens, length class and cost of a request; the body gets its band's vLLM priority."""
-        prompt_tokens = await self._counter.count(parsed)
-        if max_model_len and prompt_tokens + (parsed.max_tokens or 1) > max_model_len:
-            raise ContextLengthExceeded(
-                f"This model's maximum context length is {max_model_len} tokens; the prompt has {prompt_tokens} "
-                f"tokens and {parsed.max_tokens or 1} more were requested.",
-                param="messages" if parsed.endpoint == "chat" else "prompt",
-            )
-        cost = estimate_cost(prompt_tokens, parsed.max_tokens, self.config.default_output_tokens,
-                             max_model_len or prompt_tokens + self.config.default_output_tokens)
+    async def ticket(self, parsed: ParsedRequest, tenant: Tenant, decision: BandDecision, asked: RequestHeaders,
+                     size: Classification, arrived: float) -> Ticket:
+        """The request's ticket; the body gets its band's vLLM priority and always asks for stream usage."""
         parsed.body["priority"] = self._band_priority[decision.band]
         client_wants_usage = bool((parsed.body.get("stream_options") or {}).get("include_usage"))
         if parsed.stream:
             parsed.body["stream_options"] = {**(parsed.body.get("stream_options") or {}), "include_usage": True}
         session = await self.session()
         spec = TicketSpec(
-            ticket_id=session.new_ticket_id(), tenant=tenant.id, band=decision.band, cost=cost,
-            weight=tenant.weight, length_class=self._lengths.classify(prompt_tokens), owner=session.owner,
-            flow=asked.flow,
+            ticket_id=session.new_ticket_id(), tenant=tenant.id, band=decision.band, cost=size.cost,
+            weight=tenant.weight, length_class=size.length_class, owner=session.owner, flow=asked.flow,
         )
         max_wait_s = min(self.config.max_wait_s, asked.ttft_slo_s or self.config.max_wait_s)
-        return Ticket(spec, parsed, tenant, decision, prompt_tokens, client_wants_usage, arrived, max_wait_s)
+        return Ticket(spec, parsed, tenant, decision, size.prompt_tokens, client_wants_usage, arrived, max_wait_s)
 
     async def run(
         self,
@@ -190,7 +176,7 @@ class TicketAccounting(RequestOutcome):
                  forward: Callable[[Grant], Any], respond: Callable[..., Awaitable[Any]]) -> None:
         queue_s = time.monotonic() - ticket.arrived
         headers = ticket.headers() | {"x-fleetgate-queue-ms": f"{queue_s * 1000:.1f}",
-                                      "x-fleetgate-gateway": session.owner}
+                                      "x-fleetgate-gateway": session.owner, "x-fleetgate-pool": grant.pool}
         super().__init__(admission.metrics, ticket.spec.tenant, ticket.spec.band, ticket.arrived, headers,
                          ticket.prompt_tokens, ticket.client_wants_usage)
         self._admission, self._session, self._ticket, self._grant = admission, session, ticket, grant

@@ -8,12 +8,14 @@
 | ``x-gateway-inference-fairness-id`` | a flow inside the tenant's fair share |
 | ``x-slo-ttft-ms`` | queueing deadline: give up (429) if no grant within this many ms |
 | ``x-tenant-id`` | anonymous requests only, where ``access.trust_tenant_header`` is on |
-| ``x-request-id`` | read by the middleware in :mod:`gateway.request_id` |
+| ``x-request-id`` | honoured or generated, and echoed on every response, by Ray Serve's proxy; the gateway
+  logs it (:func:`request_id_of`) |
 """
 
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -25,9 +27,11 @@ OBJECTIVE = "x-gateway-inference-objective"
 FAIRNESS_ID = "x-gateway-inference-fairness-id"
 TTFT_SLO_MS = "x-slo-ttft-ms"
 TENANT_ID = "x-tenant-id"
+REQUEST_ID = "x-request-id"
 
 _FLOW = re.compile(r"^[A-Za-z0-9_.:@/=+-]{1,128}$")  # never "|": the queue keys use it as a separator
 _TENANT = re.compile(TENANT_ID_PATTERN)
+_UNSAFE_IN_LOGS = re.compile(r"[^A-Za-z0-9_.:/=+-]")
 MAX_TTFT_SLO_MS = 24 * 3600 * 1000
 
 
@@ -89,3 +93,14 @@ def _match(headers: Mapping[str, str], name: str, pattern: re.Pattern[str], what
     if not pattern.match(value):
         raise InvalidHeader(f"{name} must be {what}.", param=name)
     return value
+
+
+def request_id_of(headers: Mapping[str, str]) -> str:
+    """The request's id for the logs: the one Serve's proxy set (the client's, or one it generated).
+
+    Characters outside a safe set are replaced and the id is cut at 128, so a client cannot forge log lines.
+    """
+    raw = headers.get(REQUEST_ID)
+    if not raw:
+        return uuid.uuid4().hex
+    return _UNSAFE_IN_LOGS.sub("?", raw[:128])

@@ -4,8 +4,8 @@ A request's life, one step per function: authenticate (tenant) -> parse -> check
 headers and decide the band (capped at the tenant's allowance) -> classify (prompt tokens, length class,
 cost) -> rate-limit and admit through the global queue, wait for a grant -> forward to exactly the granted
 replica of the granted pool -> stream back -> account (release capacity, charge the tokens served, exactly
-once). With the queue disabled, requests go straight to the first pool through Serve's default router (the
-baseline). Every response carries ``x-request-id``.
+once). With the queue disabled, requests go straight to their length class's pool through Serve's default router (the
+baseline). Every response carries ``x-request-id`` (Ray Serve's proxy honours the client's or makes one).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gateway.access import Access
 from gateway.accounting import RequestOutcome, StreamUsage
 from gateway.admission import band_headers
+from gateway.classify import RequestClassifier
 from gateway.config import AppConfig
 from gateway.errors import (
     GatewayError,
@@ -37,19 +38,18 @@ from gateway.errors import (
     error_body,
     from_vllm_error,
 )
-from gateway.headers import RequestHeaders, read_headers
+from gateway.headers import RequestHeaders, read_headers, request_id_of
 from gateway.metrics import GatewayMetrics
-from gateway.request_id import RequestIdMiddleware
 from gateway.request_parsing import Endpoint, ParsedRequest, parse_request, preload_protocol_models
 from gateway.routing import GRANT_KWARG
 from gateway.tenants import Tenant
+from policies.placement import pool_for_class
 from policies.priority import BandDecision
 from policies.types import Grant
 
 logger = logging.getLogger(__name__)
 
 api = FastAPI(title="LLM gateway", description="OpenAI-compatible gateway in front of vLLM replica pools.")
-api.add_middleware(RequestIdMiddleware)
 CLIENT_GONE = 499  # the client went away before the reply (nginx's convention, for logs and metrics)
 
 
@@ -111,6 +111,11 @@ class Gateway:
         self._queue_config = settings.queue
         self._models_listing: dict[str, Any] | None = None
         self._access = Access(settings.access, settings.queue.band_names, settings.queue.default_band)
+        self._classifier = RequestClassifier(settings.queue, settings.model.path)
+        self._pool_for_class = {
+            c.name: pool_for_class([(p.name, settings.pool_accepts(p), p.prefers) for p in settings.pools], c.name)
+            for c in settings.queue.length_classes
+        }
         self.metrics = GatewayMetrics(settings.metrics.tenant_labels)
         self._tenant_labels = settings.metrics.tenant_labels
         preload_protocol_models()
@@ -120,7 +125,7 @@ class Gateway:
             from gateway.admission import Admission
             from gateway.metrics_board import MetricsPublisher
 
-            self._admission = Admission(settings.queue, settings.model.path, self.metrics)
+            self._admission = Admission(settings.queue, self.metrics)
             session = await self._admission.session()
             self._board = session.metrics_board(ttl_s=3 * settings.metrics.publish_interval_s)
             self._publisher = MetricsPublisher(
@@ -190,18 +195,23 @@ class Gateway:
             raise
         finally:
             self.metrics.requests.labels(self.metrics.tenant(tenant_id), band, str(status)).inc()
-            logger.info("request %s tenant=%s band=%s status=%s %.0f ms", request.state.request_id, tenant_id or "-",
+            logger.info("request %s tenant=%s band=%s status=%s %.0f ms", request_id_of(request.headers), tenant_id or "-",
                         band or "-", status, (time.monotonic() - arrived) * 1000)
 
     async def _dispatch(self, parsed: ParsedRequest, tenant: Tenant, decision: BandDecision,
                         asked: RequestHeaders, arrived: float) -> Response:
-        if self._admission is None:  # the baseline: no global queue, Serve's default router
-            parsed.body["priority"] = self._queue_config.band_names.index(decision.band)
-            headers = {"x-fleetgate-band": decision.band} | band_headers(decision)
-            outcome = RequestOutcome(self.metrics, tenant.id, decision.band, arrived, headers)
-            return await self._respond(self._forward(parsed, None), outcome)
         max_model_len = int((await self._listing())["data"][0].get("max_model_len") or 0)
-        ticket = await self._admission.classify(parsed, tenant, decision, asked, max_model_len, arrived)
+        size = await self._classifier.classify(parsed, max_model_len)
+        if self._admission is None:  # the baseline: no global queue; the class's pool, Serve's default router
+            parsed.body["priority"] = self._queue_config.band_names.index(decision.band)
+            pool = self._pool_for_class[size.length_class]
+            headers = {"x-fleetgate-band": decision.band, "x-fleetgate-length-class": size.length_class,
+                       "x-fleetgate-prompt-tokens": str(size.prompt_tokens), "x-fleetgate-pool": pool}
+            outcome = RequestOutcome(self.metrics, tenant.id, decision.band, arrived,
+                                     headers | band_headers(decision), size.prompt_tokens)
+            replies = self._pools[pool].options(stream=True).generate.remote(parsed.endpoint, parsed.body)
+            return await self._respond(replies, outcome)
+        ticket = await self._admission.ticket(parsed, tenant, decision, asked, size, arrived)
         return await self._admission.run(ticket, lambda grant: self._forward(ticket.parsed, grant), self._respond)
 
     async def _listing(self) -> dict[str, Any]:
@@ -219,9 +229,7 @@ class Gateway:
                 param="model",
             )
 
-    def _forward(self, parsed: ParsedRequest, grant: Grant | None) -> DeploymentResponseGenerator:
-        if grant is None:
-            return self._pools[self._default_pool].options(stream=True).generate.remote(parsed.endpoint, parsed.body)
+    def _forward(self, parsed: ParsedRequest, grant: Grant) -> DeploymentResponseGenerator:
         # a pool this gateway does not know (config drift) reaches the default pool, which answers misrouted
         pool = self._pools.get(grant.pool) or self._pools[self._default_pool]
         return pool.options(stream=True).generate.remote(parsed.endpoint, parsed.body, **{GRANT_KWARG: grant.replica_id})

@@ -10,7 +10,7 @@ load keeps batches small, which keeps inter-token latency low. The Lua dispatch 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from policies.types import ReplicaCapacity
 
@@ -28,3 +28,15 @@ def choose_replica(replicas: Iterable[ReplicaCapacity], cost: int, length_class:
 
 def _rank(replica: ReplicaCapacity, length_class: str) -> tuple[bool, int, int, str]:
     return (length_class not in replica.prefers, -replica.slots_free, -replica.tokens_free, replica.replica_id)
+
+
+def pool_for_class(pools: Sequence[tuple[str, Sequence[str], Sequence[str]]], length_class: str) -> str:
+    """Without the global queue: the first pool (name, accepts, prefers) preferring the class, else the
+    first accepting it. Load is then left to Ray Serve's router inside that pool."""
+    for name, _, prefers in pools:
+        if length_class in prefers:
+            return name
+    for name, accepts, _ in pools:
+        if length_class in accepts:
+            return name
+    raise ValueError(f"no pool accepts length class {length_class!r}")

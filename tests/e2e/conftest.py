@@ -1,7 +1,8 @@
 """One `serve run deploy/local.yaml` deployment shared by every end-to-end test module.
 
-The deployment is the shipped local config with two changes, both for the queue tests: 2 gateway replicas
-(fleet-wide ordering across gateways) and 4 sequences per vLLM replica (so a small flood already queues).
+The deployment is the shipped local config with these changes: 2 gateway replicas (fleet-wide ordering and
+limits across gateways), 4 sequences per vLLM replica (so a small flood already queues), API keys required
+(no anonymous access) from a tenants file written for the tests, and metrics published every second.
 """
 
 from __future__ import annotations
@@ -12,34 +13,87 @@ from pathlib import Path
 import pytest
 import redis
 
+from gateway.cli import main as fleetgate
 from gateway.config import QueueConfig
 from gateway.queue.factory import queue_settings
 from gateway.queue.keys import QueueKeys
 from gateway.queue.redis_queue import BlockingGlobalQueue
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, TINY_MODEL_NAME
 from tests.e2e.deployment import serve_run
 
 SLOTS_PER_REPLICA = 4
 GATEWAY_REPLICAS = 2
-REPLICAS = 2  # vLLM replicas in deploy/local.yaml
+REPLICAS = 2  # vLLM replicas in deploy/local.yaml: one latency, one throughput
+RATE_LIMIT_RPM = 20
 
-
-def _for_queue_tests(args: dict) -> None:
-    args["gateway"]["num_replicas"] = GATEWAY_REPLICAS
-    for pool in args["pools"]:
-        pool["engine"]["max_num_seqs"] = SLOTS_PER_REPLICA
+TENANTS = f"""
+tenants:
+  - {{id: flood}}
+  - {{id: calm}}
+  - {{id: acme, max_band: standard, models: [{TINY_MODEL_NAME}]}}
+  - {{id: strict, max_band: batch, over_allowance: reject}}
+  - {{id: elsewhere, models: [another-model]}}
+  - {{id: limited, rate_limits: {{requests_per_minute: {RATE_LIMIT_RPM}}}}}
+"""
 
 
 @pytest.fixture(scope="session")
-def base_url(tiny_model_path: Path, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Base URL of the running deployment."""
-    config = REPO_ROOT / "deploy" / "local.yaml"
+def tenants_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tests' tenants file (the deployment reloads it when a test adds a key)."""
+    path = tmp_path_factory.mktemp("tenants") / "tenants.yaml"
+    path.write_text(TENANTS)
+    return path
+
+
+@pytest.fixture(scope="session")
+def api_keys(tenants_file: Path) -> dict[str, str]:
+    """One API key per tenant of the tests' file, made with `fleetgate tenants add-key`."""
+    return {tenant: add_key(tenants_file, tenant) for tenant in
+            ("flood", "calm", "acme", "strict", "elsewhere", "limited")}
+
+
+def add_key(tenants_file: Path, tenant: str, create: bool = False) -> str:
+    """Run `fleetgate tenants add-key` and return the key it printed."""
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        assert fleetgate(["tenants", "add-key", str(tenants_file), tenant] + (["--create"] if create else [])) == 0
+    return out.getvalue().strip()
+
+
+def auth(key: str) -> dict[str, str]:
+    """The Authorization header for ``key``."""
+    return {"Authorization": f"Bearer {key}"}
+
+
+def ledger(redis_url: str) -> dict:
+    """The global queue's snapshot."""
     queue = BlockingGlobalQueue(redis.Redis.from_url(redis_url), QueueKeys(namespace="local"),
                                 queue_settings(QueueConfig()))
+    return queue.snapshot()
 
-    def every_replica_registered() -> bool:
-        return len(queue.snapshot()["replicas"] or []) == REPLICAS
 
-    with serve_run(config, tmp_path_factory.mktemp("serve"), env={"REDIS_URL": redis_url},
-                   edit=_for_queue_tests, ready=every_replica_registered) as url:
+@pytest.fixture(scope="session")
+def base_url(tiny_model_path: Path, redis_url: str, tenants_file: Path, api_keys: dict[str, str],
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Base URL of the running deployment."""
+
+    def for_tests(args: dict) -> None:
+        args["gateway"]["num_replicas"] = GATEWAY_REPLICAS
+        for pool in args["pools"]:
+            pool["engine"]["max_num_seqs"] = SLOTS_PER_REPLICA
+        args["access"] = {"tenants_file": str(tenants_file), "allow_anonymous": False, "reload_interval_s": 0.5}
+        args["metrics"] = {"publish_interval_s": 1.0}
+
+    def every_replica_up() -> bool:  # vLLM replicas registered their capacity; gateways publish metrics
+        client = redis.Redis.from_url(redis_url)
+        keys = QueueKeys(namespace="local")
+        gateways = [s for s in client.smembers(keys.metrics_sources()) if s.startswith(b"gateway:")]
+        return len(ledger(redis_url)["replicas"] or []) == REPLICAS and len(gateways) == GATEWAY_REPLICAS
+
+    with serve_run(REPO_ROOT / "deploy" / "local.yaml", tmp_path_factory.mktemp("serve"),
+                   env={"REDIS_URL": redis_url}, edit=for_tests, ready=every_replica_up,
+                   ready_headers=auth(api_keys["calm"])) as url:
         yield url

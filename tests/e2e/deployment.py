@@ -28,7 +28,8 @@ def free_port() -> int:
 @contextmanager
 def serve_run(config_file: Path, work_dir: Path, env: dict[str, str] | None = None,
               edit: Callable[[dict], None] | None = None,
-              ready: Callable[[], bool] | None = None) -> Iterator[str]:
+              ready: Callable[[], bool] | None = None,
+              ready_headers: dict[str, str] | None = None) -> Iterator[str]:
     """Run ``serve run`` on a copy of ``config_file`` listening on a free port; yield its base URL.
 
     Ready means the gateway answered /v1/models (a vLLM replica is up behind it) and ``ready()`` holds
@@ -50,21 +51,21 @@ def serve_run(config_file: Path, work_dir: Path, env: dict[str, str] | None = No
         )
     base_url = f"http://127.0.0.1:{port}"
     try:
-        _wait_until_ready(process, base_url, log_path, ready)
+        _wait_until_ready(process, base_url, log_path, ready, ready_headers or {})
         yield base_url
     finally:
         _stop(process)
 
 
 def _wait_until_ready(process: subprocess.Popen, base_url: str, log_path: Path,
-                      ready: Callable[[], bool] | None) -> None:
+                      ready: Callable[[], bool] | None, headers: dict[str, str]) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     with httpx.Client(timeout=5.0) as client:
         while time.monotonic() < deadline:
             if process.poll() is not None:
                 raise RuntimeError(f"serve run exited with {process.returncode}:\n{_tail(log_path)}")
             try:
-                if client.get(f"{base_url}/v1/models").status_code == 200 and (ready is None or ready()):
+                if client.get(f"{base_url}/v1/models", headers=headers).status_code == 200 and (ready is None or ready()):
                     return
             except httpx.HTTPError:
                 pass

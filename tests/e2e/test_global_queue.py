@@ -12,14 +12,9 @@ import statistics
 
 import httpx
 import pytest
-import redis
 
-from gateway.config import QueueConfig
-from gateway.queue.factory import queue_settings
-from gateway.queue.keys import QueueKeys
-from gateway.queue.redis_queue import BlockingGlobalQueue
 from tests.conftest import TINY_MODEL_NAME
-from tests.e2e.conftest import GATEWAY_REPLICAS, SLOTS_PER_REPLICA
+from tests.e2e.conftest import GATEWAY_REPLICAS, REPLICAS, SLOTS_PER_REPLICA, auth, ledger
 
 pytestmark = pytest.mark.e2e
 
@@ -27,9 +22,9 @@ FLOOD = 48  # 6x the fleet's 8 slots
 OUTPUT_TOKENS = 48
 
 
-async def _completion(client: httpx.AsyncClient, tenant: str, band: str, prompt: str) -> httpx.Response:
+async def _completion(client: httpx.AsyncClient, key: str, band: str, prompt: str) -> httpx.Response:
     body = {"model": TINY_MODEL_NAME, "prompt": prompt, "max_tokens": OUTPUT_TOKENS, "ignore_eos": True}
-    response = await client.post("/v1/completions", json=body, headers={"x-tenant-id": tenant, "x-priority": band})
+    response = await client.post("/v1/completions", json=body, headers={**auth(key), "x-priority": band})
     assert response.status_code == 200, response.text
     return response
 
@@ -38,29 +33,23 @@ def _queue_ms(response: httpx.Response) -> float:
     return float(response.headers["x-fleetgate-queue-ms"])
 
 
-def _ledger(redis_url: str) -> dict:
-    queue = BlockingGlobalQueue(redis.Redis.from_url(redis_url), QueueKeys(namespace="local"),
-                                queue_settings(QueueConfig()))
-    return queue.snapshot()
-
-
-async def _flood_then(base_url: str, redis_url: str, flood_band: str, late_tenant: str, late_band: str):
+async def _flood_then(base_url: str, redis_url: str, flood_key: str, flood_band: str, late_key: str, late_band: str):
     async with httpx.AsyncClient(base_url=base_url, timeout=300) as client:
-        flood = [asyncio.create_task(_completion(client, "flood", flood_band, f"flood {i} {'x' * (i % 7)}"))
+        flood = [asyncio.create_task(_completion(client, flood_key, flood_band, f"flood {i} {'x' * (i % 7)}"))
                  for i in range(FLOOD)]
         # send the late requests once half the flood waits in the global queue (observed in Redis)
-        while sum(band["queued"] for band in (await asyncio.to_thread(_ledger, redis_url))["bands"]) < FLOOD // 2:
+        while sum(band["queued"] for band in (await asyncio.to_thread(ledger, redis_url))["bands"]) < FLOOD // 2:
             await asyncio.sleep(0.05)
-        late = [await _completion(client, late_tenant, late_band, f"late {i}") for i in range(3)]
+        late = [await _completion(client, late_key, late_band, f"late {i}") for i in range(3)]
         flood_done = await asyncio.gather(*flood)
     return flood_done, late
 
 
 def _assert_ledger_balanced(redis_url: str) -> None:
-    snapshot = _ledger(redis_url)
+    snapshot = ledger(redis_url)
     assert snapshot["tickets"] == 0, "no ticket may be left behind"
     assert all(band["queued"] == 0 and band["queued_tokens"] == 0 for band in snapshot["bands"])
-    assert len(snapshot["replicas"]) == 2
+    assert len(snapshot["replicas"]) == REPLICAS
     for replica in snapshot["replicas"]:
         assert replica["slots_total"] == SLOTS_PER_REPLICA
         assert (replica["slots_free"], replica["tokens_free"]) == (replica["slots_total"], replica["tokens_total"])
@@ -69,8 +58,9 @@ def _assert_ledger_balanced(redis_url: str) -> None:
     assert stats.get("expired", 0) == 0
 
 
-def test_flooding_tenant_does_not_hold_back_another(base_url: str, redis_url: str) -> None:
-    flood, late = asyncio.run(_flood_then(base_url, redis_url, "standard", "calm", "standard"))
+def test_flooding_tenant_does_not_hold_back_another(base_url: str, redis_url: str, api_keys: dict) -> None:
+    flood, late = asyncio.run(_flood_then(base_url, redis_url, api_keys["flood"], "standard", api_keys["calm"],
+                                          "standard"))
     flood_waits = sorted(_queue_ms(r) for r in flood)
     late_waits = [_queue_ms(r) for r in late]
     service_ms = statistics.median(r.elapsed.total_seconds() * 1000 - _queue_ms(r) for r in flood)
@@ -83,8 +73,9 @@ def test_flooding_tenant_does_not_hold_back_another(base_url: str, redis_url: st
     _assert_ledger_balanced(redis_url)
 
 
-def test_high_priority_overtakes_queued_low_priority(base_url: str, redis_url: str) -> None:
-    flood, late = asyncio.run(_flood_then(base_url, redis_url, "batch", "flood", "interactive"))
+def test_high_priority_overtakes_queued_low_priority(base_url: str, redis_url: str, api_keys: dict) -> None:
+    flood, late = asyncio.run(_flood_then(base_url, redis_url, api_keys["flood"], "batch", api_keys["flood"],
+                                          "interactive"))
     batch_waits = sorted(_queue_ms(r) for r in flood)
     interactive_waits = [_queue_ms(r) for r in late]
     assert all(r.headers["x-fleetgate-band"] == "interactive" for r in late)
@@ -93,15 +84,15 @@ def test_high_priority_overtakes_queued_low_priority(base_url: str, redis_url: s
     _assert_ledger_balanced(redis_url)
 
 
-def test_unknown_priority_is_400(base_url: str) -> None:
-    response = httpx.post(f"{base_url}/v1/completions", headers={"x-priority": "urgent!!"},
+def test_unknown_priority_is_400(base_url: str, api_keys: dict) -> None:
+    response = httpx.post(f"{base_url}/v1/completions", headers={**auth(api_keys["calm"]), "x-priority": "urgent!!"},
                           json={"model": TINY_MODEL_NAME, "prompt": "x", "max_tokens": 2})
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "invalid_header"
 
 
-def test_response_carries_classification(base_url: str) -> None:
-    response = httpx.post(f"{base_url}/v1/completions", headers={"x-priority": "interactive"},
+def test_response_carries_classification(base_url: str, api_keys: dict) -> None:
+    response = httpx.post(f"{base_url}/v1/completions", headers={**auth(api_keys["calm"]), "x-priority": "interactive"},
                           json={"model": TINY_MODEL_NAME, "prompt": "hello " * 600, "max_tokens": 2}, timeout=60)
     assert response.status_code == 200, response.text
     assert response.headers["x-fleetgate-band"] == "interactive"

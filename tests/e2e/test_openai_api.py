@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from tests.conftest import TINY_MODEL_NAME
+from tests.e2e.conftest import auth
 
 pytestmark = pytest.mark.e2e
 
@@ -20,8 +21,13 @@ ERROR_KEYS = {"message", "type", "param", "code"}
 
 
 @pytest.fixture(scope="module")
-def client(base_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="local-no-auth", max_retries=0, timeout=60)
+def client(base_url: str, api_keys: dict) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key=api_keys["calm"], max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def headers(api_keys: dict) -> dict[str, str]:
+    return auth(api_keys["calm"])
 
 
 def test_health(base_url: str) -> None:
@@ -54,13 +60,15 @@ def test_chat_completion(client: openai.OpenAI) -> None:
     assert chat.usage.completion_tokens == 5
 
 
-def test_priority_reaches_vllm(client: openai.OpenAI) -> None:
-    # Under vLLM's default FCFS policy a non-zero priority is an error; success shows the priority scheduler.
-    chat = client.chat.completions.create(
+def test_band_priority_reaches_vllm(client: openai.OpenAI) -> None:
+    # Under vLLM's default FCFS policy a non-zero priority is an error; the batch band is vLLM priority 2, so
+    # success shows the priority scheduler. A body `priority` is replaced by the band's (no queue-jumping).
+    chat = client.chat.completions.with_raw_response.create(
         model=TINY_MODEL_NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
-        extra_body={"priority": 5},
+        extra_body={"priority": -100}, extra_headers={"x-priority": "batch"},
     )
-    assert chat.choices[0].finish_reason in {"length", "stop"}
+    assert chat.headers["x-fleetgate-band"] == "batch"
+    assert chat.parse().choices[0].finish_reason in {"length", "stop"}
 
 
 def test_chat_stream_sdk(client: openai.OpenAI) -> None:
@@ -74,9 +82,9 @@ def test_chat_stream_sdk(client: openai.OpenAI) -> None:
     assert chunks[-1].usage.completion_tokens == 8
 
 
-def test_stream_wire_format_ends_with_done(base_url: str) -> None:
+def test_stream_wire_format_ends_with_done(base_url: str, headers: dict) -> None:
     body = {"model": TINY_MODEL_NAME, "prompt": "Once", "max_tokens": 4, "stream": True, "ignore_eos": True}
-    with httpx.stream("POST", f"{base_url}/v1/completions", json=body, timeout=60) as response:
+    with httpx.stream("POST", f"{base_url}/v1/completions", json=body, headers=headers, timeout=60) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         events = [line for line in response.iter_lines() if line]
@@ -93,9 +101,9 @@ def _error(response: httpx.Response, status: int) -> dict:
     return error
 
 
-def test_malformed_json_is_400(base_url: str) -> None:
+def test_malformed_json_is_400(base_url: str, headers: dict) -> None:
     response = httpx.post(f"{base_url}/v1/chat/completions", content=b"{not json",
-                          headers={"content-type": "application/json"})
+                          headers={**headers, "content-type": "application/json"})
     assert _error(response, 400)["code"] == "invalid_json"
 
 
@@ -117,9 +125,9 @@ def test_prompt_over_context_is_400(client: openai.OpenAI) -> None:
     assert caught.value.body["code"] == "context_length_exceeded"
 
 
-def test_negative_max_tokens_is_400(base_url: str) -> None:
+def test_negative_max_tokens_is_400(base_url: str, headers: dict) -> None:
     body = {"model": TINY_MODEL_NAME, "prompt": "x", "max_tokens": -1}
-    assert _error(httpx.post(f"{base_url}/v1/completions", json=body), 400)["param"] == "max_tokens"
+    assert _error(httpx.post(f"{base_url}/v1/completions", json=body, headers=headers), 400)["param"] == "max_tokens"
 
 
 def test_unknown_route_and_method(base_url: str) -> None:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gateway.errors import InvalidHeader
-from gateway.headers import read_headers, read_tenant_id
-from gateway.request_id import request_id_from
+from gateway.headers import read_headers, read_tenant_id, request_id_of
 from policies.classification import LengthClasses, estimate_cost
-from policies.placement import choose_replica
+from policies.placement import choose_replica, pool_for_class
 from policies.priority import BandNotAllowed, resolve_band
 from policies.types import ReplicaCapacity
 
@@ -46,10 +45,11 @@ def test_tenant_header_is_validated() -> None:
         read_tenant_id({"x-tenant-id": "a|b"})
 
 
-def test_request_id_is_honoured_when_safe_else_generated() -> None:
-    assert request_id_from("req-123_abc") == "req-123_abc"
-    generated = {request_id_from(None), request_id_from("has spaces"), request_id_from("x" * 200)}
-    assert len(generated) == 3 and all(len(g) == 32 for g in generated)
+def test_request_id_for_logs_is_the_proxys_made_safe() -> None:
+    assert request_id_of({"x-request-id": "req-123_abc"}) == "req-123_abc"
+    assert request_id_of({"x-request-id": "forged\nline here"}) == "forged?line?here"
+    assert len(request_id_of({"x-request-id": "x" * 500})) == 128
+    assert len(request_id_of({})) == 32
 
 
 def test_length_classes_from_configured_bounds() -> None:
@@ -87,3 +87,11 @@ def test_long_prompts_go_to_the_preferring_pool_and_short_ones_spill_over() -> N
     assert choose_replica(replicas, 100, "short") is throughput  # spill-over onto free capacity
     throughput.slots_free = 0
     assert choose_replica(replicas, 3000, "long") is None  # never onto the latency pool
+
+
+def test_without_the_queue_each_class_goes_to_its_preferred_pool() -> None:
+    pools = [("latency", ["short"], ["short"]), ("throughput", ["short", "long"], ["long"])]
+    assert pool_for_class(pools, "short") == "latency" and pool_for_class(pools, "long") == "throughput"
+    assert pool_for_class([("only", ["short", "long"], [])], "long") == "only"
+    with pytest.raises(ValueError):
+        pool_for_class([("latency", ["short"], ["short"])], "long")

@@ -1,0 +1,46 @@
+"""Classify a parsed request: prompt tokens (the model's own tokenizer), length class, token cost.
+
+Counted once, here, and passed on: the context check, the length class (placement), the cost (fairness,
+rate limits) and the response header all use this one count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.config import QueueConfig
+from gateway.errors import ContextLengthExceeded
+from gateway.request_parsing import ParsedRequest
+from gateway.tokens import PromptTokenCounter
+from policies.classification import estimate_cost
+
+
+@dataclass(frozen=True)
+class Classification:
+    """What the gateway knows of a request's size."""
+
+    prompt_tokens: int
+    length_class: str
+    cost: int
+
+
+class RequestClassifier:
+    """Counts prompt tokens and classifies requests for one model."""
+
+    def __init__(self, config: QueueConfig, model_path: str) -> None:
+        self._counter = PromptTokenCounter(model_path)
+        self._lengths = config.length_class_policy()
+        self._default_output_tokens = config.default_output_tokens
+
+    async def classify(self, parsed: ParsedRequest, max_model_len: int) -> Classification:
+        """Count and classify ``parsed``; a prompt that cannot fit the context is a 400."""
+        prompt_tokens = await self._counter.count(parsed)
+        if max_model_len and prompt_tokens + (parsed.max_tokens or 1) > max_model_len:
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {max_model_len} tokens; the prompt has {prompt_tokens} "
+                f"tokens and {parsed.max_tokens or 1} more were requested.",
+                param="messages" if parsed.endpoint == "chat" else "prompt",
+            )
+        cost = estimate_cost(prompt_tokens, parsed.max_tokens, self._default_output_tokens,
+                             max_model_len or prompt_tokens + self._default_output_tokens)
+        return Classification(prompt_tokens, self._lengths.classify(prompt_tokens), cost)

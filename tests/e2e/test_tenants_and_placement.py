@@ -1,0 +1,209 @@
+"""End to end: tenants, headers, rate limits, token counts, length-aware placement and metrics.
+
+Through the `serve run` deployment (2 gateways, a latency pool and a throughput pool of one vLLM replica
+each, 4 slots apiece), with API keys required and the tests' tenants file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import TINY_MODEL_NAME
+from tests.e2e.conftest import GATEWAY_REPLICAS, RATE_LIMIT_RPM, SLOTS_PER_REPLICA, add_key, auth, ledger
+
+pytestmark = pytest.mark.e2e
+
+ERROR_KEYS = {"message", "type", "param", "code"}
+LONG_PROMPT = "the fleet gateway " * 300  # ~900 tokens: the "long" class (over 512)
+
+
+def _completion(base_url: str, headers: dict, prompt: str = "Hello", max_tokens: int = 2, **body) -> httpx.Response:
+    payload = {"model": TINY_MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, **body}
+    return httpx.post(f"{base_url}/v1/completions", json=payload, headers=headers, timeout=120)
+
+
+def _error(response: httpx.Response, status: int, code: str) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == ERROR_KEYS and error["code"] == code, error
+    return error
+
+
+def test_missing_malformed_or_unknown_key_is_401(base_url: str) -> None:
+    for headers in ({}, {"Authorization": "Basic abc"}, {"Authorization": "Bearer fg-not-a-key"}):
+        response = _completion(base_url, headers)
+        error = _error(response, 401, "invalid_api_key")
+        assert error["type"] == "authentication_error"
+        assert response.headers["www-authenticate"] == "Bearer"
+    assert httpx.get(f"{base_url}/v1/models").status_code == 401
+
+
+def test_model_the_tenant_may_not_use_is_403(base_url: str, api_keys: dict) -> None:
+    _error(_completion(base_url, auth(api_keys["elsewhere"])), 403, "permission_denied")
+
+
+def test_band_above_allowance_is_capped_and_the_response_says_so(base_url: str, api_keys: dict) -> None:
+    response = _completion(base_url, {**auth(api_keys["acme"]), "x-priority": "interactive"})
+    assert response.status_code == 200, response.text
+    assert response.headers["x-fleetgate-band"] == "standard"
+    assert response.headers["x-fleetgate-band-capped"] == "true"
+    assert response.headers["x-fleetgate-requested-band"] == "interactive"
+    within = _completion(base_url, {**auth(api_keys["acme"]), "x-priority": "batch"})
+    assert within.headers["x-fleetgate-band"] == "batch" and "x-fleetgate-band-capped" not in within.headers
+
+
+def test_band_above_allowance_is_403_for_a_refusing_tenant(base_url: str, api_keys: dict) -> None:
+    error = _error(_completion(base_url, {**auth(api_keys["strict"]), "x-priority": "standard"}), 403,
+                   "permission_denied")
+    assert error["param"] == "x-priority"
+    assert _completion(base_url, auth(api_keys["strict"])).headers["x-fleetgate-band"] == "batch"
+
+
+def test_inference_extension_aliases(base_url: str, api_keys: dict) -> None:
+    headers = {**auth(api_keys["calm"]), "x-gateway-inference-objective": "offline",
+               "x-gateway-inference-fairness-id": "user:42"}
+    response = _completion(base_url, headers)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-fleetgate-band"] == "batch"
+    bad = _completion(base_url, {**auth(api_keys["calm"]), "x-gateway-inference-objective": "nope"})
+    assert _error(bad, 400, "invalid_header")["param"] == "x-gateway-inference-objective"
+    bad = _completion(base_url, {**auth(api_keys["calm"]), "x-slo-ttft-ms": "soon"})
+    assert _error(bad, 400, "invalid_header")["param"] == "x-slo-ttft-ms"
+
+
+def test_request_id_is_honoured_or_generated_and_echoed(base_url: str, api_keys: dict) -> None:
+    sent = _completion(base_url, {**auth(api_keys["calm"]), "x-request-id": "trace-abc-123"})
+    assert sent.headers["x-request-id"] == "trace-abc-123"
+    generated = _completion(base_url, auth(api_keys["calm"]))
+    assert "," not in generated.headers["x-request-id"] and len(generated.headers["x-request-id"]) >= 16
+    failed = _completion(base_url, {"x-request-id": "trace-401"})
+    assert failed.status_code == 401 and failed.headers["x-request-id"] == "trace-401"
+
+
+def test_prompt_tokens_equal_vllms_own_count(base_url: str, api_keys: dict) -> None:
+    chat = httpx.post(f"{base_url}/v1/chat/completions", headers=auth(api_keys["calm"]), timeout=60, json={
+        "model": TINY_MODEL_NAME, "max_tokens": 2,
+        "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hello there!"},
+                     {"role": "assistant", "content": "Hi."}, {"role": "user", "content": "Count me " * 40}],
+    })
+    assert chat.status_code == 200, chat.text
+    assert int(chat.headers["x-fleetgate-prompt-tokens"]) == chat.json()["usage"]["prompt_tokens"]
+    completion = _completion(base_url, auth(api_keys["calm"]), prompt="Once upon a time, in a fleet far away")
+    assert int(completion.headers["x-fleetgate-prompt-tokens"]) == completion.json()["usage"]["prompt_tokens"]
+
+
+def test_rate_limit_holds_across_both_gateways(base_url: str, api_keys: dict) -> None:
+    async def burst() -> tuple[list[httpx.Response], float]:
+        started = time.monotonic()
+        async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
+            body = {"model": TINY_MODEL_NAME, "prompt": "quick", "max_tokens": 1}
+            replies = await asyncio.gather(*(client.post("/v1/completions", json=body,
+                                                         headers=auth(api_keys["limited"]))
+                                             for _ in range(2 * RATE_LIMIT_RPM)))
+        return replies, time.monotonic() - started
+
+    replies, elapsed_s = asyncio.run(burst())
+    passed = [r for r in replies if r.status_code == 200]
+    limited = [r for r in replies if r.status_code == 429]
+    assert len(passed) + len(limited) == len(replies)
+    refilled = int(elapsed_s * RATE_LIMIT_RPM / 60)  # the bucket refills while the burst is served
+    assert RATE_LIMIT_RPM <= len(passed) <= RATE_LIMIT_RPM + refilled, (len(passed), elapsed_s)
+    assert len({r.headers["x-fleetgate-gateway"] for r in passed}) == GATEWAY_REPLICAS
+    for response in limited:
+        assert _error(response, 429, "rate_limit_exceeded")["type"] == "rate_limit_error"
+        assert response.headers["x-fleetgate-rejected-reason"] == "rate-limited"
+        assert int(response.headers["retry-after"]) >= 1
+
+
+def test_long_prompts_run_on_the_throughput_pool(base_url: str, api_keys: dict) -> None:
+    long = _completion(base_url, auth(api_keys["calm"]), prompt=LONG_PROMPT)
+    assert long.status_code == 200, long.text
+    assert long.headers["x-fleetgate-length-class"] == "long"
+    assert long.headers["x-fleetgate-pool"] == "throughput"
+    short = _completion(base_url, auth(api_keys["calm"]))
+    assert (short.headers["x-fleetgate-length-class"], short.headers["x-fleetgate-pool"]) == ("short", "latency")
+
+
+def test_short_prompts_spill_over_and_a_deadline_expires_in_a_full_fleet(base_url: str, redis_url: str,
+                                                                         api_keys: dict) -> None:
+    async def scenario() -> tuple[list[str], httpx.Response]:
+        body = {"model": TINY_MODEL_NAME, "prompt": "keep going", "max_tokens": 3000, "ignore_eos": True,
+                "stream": True}
+        async with httpx.AsyncClient(base_url=base_url, timeout=120) as client, contextlib.AsyncExitStack() as streams:
+            holders = await asyncio.gather(*(
+                streams.enter_async_context(client.stream("POST", "/v1/completions", json=body,
+                                                          headers=auth(api_keys["flood"])))
+                for _ in range(2 * SLOTS_PER_REPLICA)))  # every slot of both pools
+            pools = [r.headers["x-fleetgate-pool"] for r in holders]
+            late = await client.post("/v1/completions", headers={**auth(api_keys["calm"]), "x-slo-ttft-ms": "300"},
+                                     json={"model": TINY_MODEL_NAME, "prompt": "too late", "max_tokens": 2})
+        return pools, late  # leaving the block closes the streams: the engine requests are aborted
+
+    pools, late = asyncio.run(scenario())
+    assert sorted(pools) == ["latency"] * SLOTS_PER_REPLICA + ["throughput"] * SLOTS_PER_REPLICA
+    _error(late, 429, "queue_timeout")
+    assert late.headers["x-fleetgate-rejected-reason"] == "rejected-ttl-expired"
+    deadline = time.monotonic() + 30
+    while any(r["slots_free"] != r["slots_total"] for r in ledger(redis_url)["replicas"]):
+        assert time.monotonic() < deadline, "cancelled streams must give their slots back"
+        time.sleep(0.1)
+
+
+def test_tenants_file_reloads_without_restart(base_url: str, tenants_file: Path) -> None:
+    key = add_key(tenants_file, "newcomer", create=True)
+    deadline = time.monotonic() + 20
+    while (response := _completion(base_url, auth(key))).status_code == 401:
+        assert time.monotonic() < deadline, "the new key was not picked up"
+        time.sleep(0.2)
+    assert response.status_code == 200, response.text
+
+
+def test_metrics_show_every_gateway_replica_and_the_queue(base_url: str, api_keys: dict) -> None:
+    _completion(base_url, {**auth(api_keys["calm"]), "x-priority": "interactive"}, stream=True, max_tokens=4)
+
+    def scrape() -> dict:
+        text = httpx.get(f"{base_url}/metrics", timeout=30).text
+        return {f.name: f for f in text_string_to_metric_families(text)}
+
+    def interactive_ttft(families: dict) -> float:
+        return sum(s.value for s in families["fleetgate_time_to_first_token_seconds"].samples
+                   if s.name.endswith("_count") and s.labels["band"] == "interactive")
+
+    # the stream may have run on the other gateway, whose series arrive within one publish interval (1 s)
+    deadline = time.monotonic() + 10
+    while interactive_ttft(families := scrape()) < 1:
+        assert time.monotonic() < deadline, "the stream's TTFT never appeared"
+        time.sleep(0.2)
+    grants = families["fleetgate_grants"].samples
+    assert {s.labels["gateway"] for s in grants} and {s.labels["pool"] for s in grants} == {"latency", "throughput"}
+    assert any(s.labels["tenant"] == "calm" and s.labels["band"] == "interactive" for s in grants)
+    gateways = {s.labels["gateway"] for s in families["fleetgate_requests"].samples}
+    assert len(gateways) == GATEWAY_REPLICAS
+    reasons = {s.labels["reason"] for s in families["fleetgate_rejections"].samples}
+    assert {"rate-limited", "rejected-ttl-expired"} <= reasons
+    assert any(s.name.endswith("_count") and s.value > 0
+               for s in families["fleetgate_inter_token_latency_seconds"].samples)
+    assert any(s.name.endswith("_count") for s in families["fleetgate_queue_wait_seconds"].samples)
+    assert "fleetgate_queue_depth" in families and "fleetgate_queued_tokens" in families
+    slots = {s.labels["pool"]: s.value for s in families["fleetgate_replica_slots"].samples}
+    assert slots == {"latency": SLOTS_PER_REPLICA, "throughput": SLOTS_PER_REPLICA}
+    running = families["vllm:num_requests_running"].samples
+    assert {s.labels["pool"] for s in running} == {"latency", "throughput"}
+    assert all(s.labels["replica"] for s in running)
+
+
+def test_status_cli_shows_the_live_fleet(base_url: str, redis_url: str, capsys: pytest.CaptureFixture) -> None:
+    from gateway.cli import main as fleetgate
+    from tests.conftest import REPO_ROOT
+
+    assert fleetgate(["status", "--config", str(REPO_ROOT / "deploy" / "local.yaml"), "--redis-url", redis_url]) == 0
+    view = capsys.readouterr().out
+    assert "latency" in view and "throughput" in view and f"0/{SLOTS_PER_REPLICA}" in view
+    assert f"gateways publishing: {GATEWAY_REPLICAS}" in view
