@@ -151,20 +151,24 @@ def _redacted(url: str) -> str:
     return f"{scheme}://***@{rest.split('@', 1)[1]}"
 
 
-def _load_round_trip(path: str) -> Any:
+def _round_trip_yaml() -> Any:
     from ruamel.yaml import YAML
 
+    yaml_io = YAML()
+    yaml_io.indent(mapping=2, sequence=4, offset=2)  # "  - id: ..." under "tenants:", as the shipped file
+    return yaml_io
+
+
+def _load_round_trip(path: str) -> Any:
     text = Path(path).read_text() if os.path.exists(path) else "tenants: []\n"
-    return YAML().load(text) or {}
+    return _round_trip_yaml().load(text) or {}
 
 
 def _save_round_trip(path: str, document: Any) -> None:
     from io import StringIO
 
-    from ruamel.yaml import YAML
-
     buffer = StringIO()
-    YAML().dump(document, buffer)
+    _round_trip_yaml().dump(document, buffer)
     TenantsFile.model_validate(yaml.safe_load(buffer.getvalue()) or {})  # never write a file gateways would refuse
     target = Path(path).resolve()
     fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")

@@ -149,7 +149,8 @@ class Gateway:
             try:
                 await self._publisher.publish_now()
                 session = await self._admission.session()  # type: ignore[union-attr]
-                body = render_fleet(await self._board.read(), await session.queue.snapshot(), self._tenant_labels)
+                entries, snapshot = await self._board.read(), await session.queue.snapshot()
+                body = await asyncio.to_thread(render_fleet, entries, snapshot, self._tenant_labels)
             except Exception as exc:  # Redis down: this gateway's own series are still worth a scrape
                 logger.warning("fleet metrics unavailable (%s); serving this gateway's own", type(exc).__name__)
         return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 
 import pytest
@@ -54,3 +55,14 @@ def test_status_view_shows_bands_tenants_replicas_and_gateways() -> None:
     view = render_status(snapshot, "local", "redis://127.0.0.1:6399/0", ["gateway:gw-a", "replica:r1"])
     assert "etl" in view and "3/4" in view and "600/1000" in view and "throughput" in view
     assert "gateways publishing: 1 (gw-a)" in view and "granted=10" in view
+
+
+def test_add_key_changes_nothing_else_in_the_shipped_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    shipped = (Path(__file__).resolve().parents[2] / "deploy" / "tenants.yaml").read_text()
+    path = tmp_path / "tenants.yaml"
+    path.write_text(shipped)
+    assert main(["tenants", "add-key", str(path), "batch-etl", "--key-id", "k"]) == 0
+    diff = [line for line in difflib.ndiff(shipped.splitlines(), path.read_text().splitlines())
+            if line[:1] in "+-"]
+    assert [line[:2] for line in diff] == ["- ", "+ ", "+ ", "+ ", "+ "], diff
+    assert diff[0] == "-     api_keys: []" and diff[1:3] == ["+     api_keys:", "+       - id: k"]

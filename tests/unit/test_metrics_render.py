@@ -14,6 +14,10 @@ def _samples(text: bytes) -> dict[tuple, float]:
             for family in text_string_to_metric_families(text.decode()) for s in family.samples}
 
 
+def _key(name: str, **labels: str) -> tuple:
+    return name, tuple(sorted(labels.items()))
+
+
 def test_merges_sources_and_adds_queue_gauges() -> None:
     first, second = GatewayMetrics(), GatewayMetrics()
     first.grants.labels("acme", "interactive", "short", "latency").inc()
@@ -26,15 +30,14 @@ def test_merges_sources_and_adds_queue_gauges() -> None:
                       "tokens_total": 100, "tokens_free": 40}],
         "stats": {"granted": 3, "rejected:queue_full": 1},
     }
+    vllm_text = '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name="m"} 3.0\n'
     entries = [({"gateway": "a"}, generate_latest(first.registry).decode()),
                ({"gateway": "b"}, generate_latest(second.registry).decode()),
-               ({"replica": "r1", "pool": "latency"}, '# TYPE vllm:num_requests_running gauge\n'
-                                                      'vllm:num_requests_running{model_name="m"} 3.0\n')]
+               ({"replica": "r1", "pool": "latency"}, vllm_text)]
     samples = _samples(render_fleet(entries, snapshot))
-    grant = ("fleetgate_grants_total", (("band", "interactive"), ("gateway", "{}"), ("length_class", "short"),
-                                        ("pool", "latency"), ("tenant", "acme")))
-    assert samples[(grant[0], tuple(sorted(dict(grant[1], gateway="a").items())))] == 1
-    assert samples[(grant[0], tuple(sorted(dict(grant[1], gateway="b").items())))] == 2
+    grant = {"band": "interactive", "length_class": "short", "pool": "latency", "tenant": "acme"}
+    assert samples[_key("fleetgate_grants_total", gateway="a", **grant)] == 1
+    assert samples[_key("fleetgate_grants_total", gateway="b", **grant)] == 2
     assert samples[("fleetgate_time_to_first_token_seconds_count", (("band", "interactive"), ("gateway", "a")))] == 1
     assert samples[("fleetgate_inter_token_latency_seconds_count", (("band", "interactive"), ("gateway", "a")))] == 2
     assert samples[("vllm:num_requests_running", (("model_name", "m"), ("pool", "latency"), ("replica", "r1")))] == 3
