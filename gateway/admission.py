@@ -1,4 +1,4 @@
-"""Classification and admission through the global queue, and the accounting of each admitted request.
+"""Admission through the global queue (rate limits, ticket, grant), and the accounting of each admitted request.
 
 Every admitted request ends exactly once in :meth:`TicketAccounting.finish`: its grant's capacity goes
 back to the replica, its tenant's counter is corrected to the tokens actually served (0 when nothing was
@@ -74,7 +74,7 @@ def band_headers(decision: BandDecision) -> dict[str, str]:
 
 
 class Admission:
-    """Classify requests and admit them through the global queue (one per gateway replica)."""
+    """Turns classified requests into tickets and admits them through the global queue (one per gateway replica)."""
 
     def __init__(self, config: QueueConfig, metrics: GatewayMetrics) -> None:
         self.config = config
