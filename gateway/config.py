@@ -57,6 +57,9 @@ class GatewayDeploymentConfig(BaseModel):
     num_replicas: int = Field(1, ge=1, description="Gateway (ingress) replicas.")
     num_cpus: float = Field(0.25, gt=0, description="Ray CPUs reserved per gateway replica.")
     max_ongoing_requests: int = Field(2000, ge=1, description="Requests one gateway replica holds at once.")
+    max_body_bytes: int = Field(
+        8 << 20, ge=1024, description="Largest request body accepted (then 413); bounds memory per request."
+    )
 
 
 class BandConfig(BaseModel):

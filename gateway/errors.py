@@ -39,6 +39,12 @@ class InvalidJSON(GatewayError):
     status, error_type, code = 400, "invalid_request_error", "invalid_json"
 
 
+class PayloadTooLarge(GatewayError):
+    """The request body is larger than the gateway accepts."""
+
+    status, error_type, code = 413, "invalid_request_error", "request_too_large"
+
+
 class InvalidRequest(GatewayError):
     """The body is JSON but does not match the endpoint's schema."""
 

@@ -40,7 +40,7 @@ from gateway.errors import (
 )
 from gateway.headers import RequestHeaders, read_headers, request_id_of
 from gateway.metrics import GatewayMetrics
-from gateway.request_parsing import Endpoint, ParsedRequest, parse_request, preload_protocol_models
+from gateway.request_parsing import Endpoint, ParsedRequest, parse_request, preload_protocol_models, read_body
 from gateway.routing import GRANT_KWARG
 from gateway.tenants import Tenant
 from policies.placement import pool_for_class
@@ -108,6 +108,7 @@ class Gateway:
         self._pools = pools
         self._default_pool = next(iter(pools))
         self._served_model_name = settings.model.name
+        self._max_body_bytes = settings.gateway.max_body_bytes
         self._queue_config = settings.queue
         self._models_listing: dict[str, Any] | None = None
         self._access = Access(settings.access, settings.queue.band_names, settings.queue.default_band)
@@ -121,12 +122,14 @@ class Gateway:
         preload_protocol_models()
         self._admission = None
         self._publisher = None
+        self._gateway_id = ""
         if settings.queue.enabled:
             from gateway.admission import Admission
             from gateway.metrics_board import MetricsPublisher
 
             self._admission = Admission(settings.queue, self.metrics)
             session = await self._admission.session()
+            self._gateway_id = session.owner
             self._board = session.metrics_board(ttl_s=3 * settings.metrics.publish_interval_s)
             self._publisher = MetricsPublisher(
                 self._board, f"gateway:{session.owner}", {"gateway": session.owner},
@@ -177,7 +180,7 @@ class Gateway:
         try:
             tenant = self._access.authenticate(request.headers)
             tenant_id = tenant.id
-            parsed = parse_request(await request.body(), endpoint)
+            parsed = parse_request(await read_body(request, self._max_body_bytes), endpoint)
             self._check_model(parsed)
             self._access.check_model(tenant, parsed.model)
             asked = read_headers(request.headers, self._queue_config.band_names, self._queue_config.objectives)
@@ -190,6 +193,8 @@ class Gateway:
             return response
         except GatewayError as exc:
             status = exc.status
+            if self._gateway_id:
+                exc.headers.setdefault("x-fleetgate-gateway", self._gateway_id)
             raise
         except asyncio.CancelledError:
             status = CLIENT_GONE

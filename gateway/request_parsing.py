@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import ValidationError
+from starlette.requests import Request
 
-from gateway.errors import InvalidJSON, InvalidRequest
+from gateway.errors import InvalidJSON, InvalidRequest, PayloadTooLarge
 
 Endpoint = Literal["chat", "completion"]
 
@@ -47,6 +48,23 @@ def parse_request(raw_body: bytes, endpoint: Endpoint) -> ParsedRequest:
         endpoint=endpoint, body=body, model=request.model or "", stream=bool(request.stream),
         max_tokens=max_tokens, body_chars=len(raw_body),
     )
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 as soon as it is known to exceed ``limit`` bytes.
+
+    A declared Content-Length over the limit is refused before anything is read; a body sent without one
+    (chunked) is read only up to the limit.
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"The request body is {int(declared)} bytes; the limit is {limit}.")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise PayloadTooLarge(f"The request body is over the limit of {limit} bytes.")
+    return bytes(body)
 
 
 def preload_protocol_models() -> None:

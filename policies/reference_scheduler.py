@@ -80,6 +80,7 @@ class ReferenceScheduler:
         self._state = {band.name: _BandState() for band in self.bands}
         self.tickets: dict[str, _Ticket] = {}
         self.replicas: dict[str, ReplicaCapacity] = {}
+        self.served: dict[str, int] = {}  # tokens charged per tenant at completion
         self.max_grants_per_dispatch = max_grants_per_dispatch
 
     # ----- calls (each: reap, apply, dispatch) -----
@@ -123,6 +124,7 @@ class ReferenceScheduler:
             correction = actual_cost - ticket.spec.cost
             self._charge(ticket.charged_band, ticket.spec.tenant, correction / ticket.spec.weight)
             self._charge_flow(ticket.charged_band, ticket.spec, correction)
+            self.served[ticket.spec.tenant] = self.served.get(ticket.spec.tenant, 0) + actual_cost
             del self.tickets[ticket_id]
         return done, self._dispatch(now_ms)
 

@@ -14,12 +14,10 @@ import pytest
 import redis
 
 from gateway.cli import main as fleetgate
-from gateway.config import QueueConfig
-from gateway.queue.factory import queue_settings
 from gateway.queue.keys import QueueKeys
-from gateway.queue.redis_queue import BlockingGlobalQueue
 from tests.conftest import REPO_ROOT, TINY_MODEL_NAME
 from tests.e2e.deployment import serve_run
+from tests.ledger import snapshot
 
 SLOTS_PER_REPLICA = 4
 GATEWAY_REPLICAS = 2
@@ -68,13 +66,6 @@ def auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-def ledger(redis_url: str) -> dict:
-    """The global queue's snapshot."""
-    queue = BlockingGlobalQueue(redis.Redis.from_url(redis_url), QueueKeys(namespace="local"),
-                                queue_settings(QueueConfig()))
-    return queue.snapshot()
-
-
 @pytest.fixture(scope="session")
 def base_url(tiny_model_path: Path, redis_url: str, tenants_file: Path, api_keys: dict[str, str],
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
@@ -91,7 +82,7 @@ def base_url(tiny_model_path: Path, redis_url: str, tenants_file: Path, api_keys
         client = redis.Redis.from_url(redis_url)
         keys = QueueKeys(namespace="local")
         gateways = [s for s in client.smembers(keys.metrics_sources()) if s.startswith(b"gateway:")]
-        return len(ledger(redis_url)["replicas"] or []) == REPLICAS and len(gateways) == GATEWAY_REPLICAS
+        return len(snapshot(redis_url)["replicas"] or []) == REPLICAS and len(gateways) == GATEWAY_REPLICAS
 
     with serve_run(REPO_ROOT / "deploy" / "local.yaml", tmp_path_factory.mktemp("serve"),
                    env={"REDIS_URL": redis_url}, edit=for_tests, ready=every_replica_up,

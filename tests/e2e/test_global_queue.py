@@ -2,7 +2,8 @@
 
 * a flood from one tenant does not hold another tenant back beyond the fairness bound;
 * a high-priority request overtakes queued low-priority work;
-* afterwards the ledger balances: every grant completed once, every slot and token back, no ticket left.
+* afterwards the ledger balances (tests/ledger.py): every grant ended once, every slot and token back, no
+  ticket left, each tenant charged exactly the tokens its clients were served.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import httpx
 import pytest
 
 from tests.conftest import TINY_MODEL_NAME
-from tests.e2e.conftest import GATEWAY_REPLICAS, REPLICAS, SLOTS_PER_REPLICA, auth, ledger
+from tests.e2e.conftest import GATEWAY_REPLICAS, REPLICAS, auth
+from tests.ledger import assert_ledger_balanced, served_by_tenant, snapshot
 
 pytestmark = pytest.mark.e2e
 
@@ -38,27 +40,20 @@ async def _flood_then(base_url: str, redis_url: str, flood_key: str, flood_band:
         flood = [asyncio.create_task(_completion(client, flood_key, flood_band, f"flood {i} {'x' * (i % 7)}"))
                  for i in range(FLOOD)]
         # send the late requests once half the flood waits in the global queue (observed in Redis)
-        while sum(band["queued"] for band in (await asyncio.to_thread(ledger, redis_url))["bands"]) < FLOOD // 2:
+        while sum(band["queued"] for band in (await asyncio.to_thread(snapshot, redis_url))["bands"]) < FLOOD // 2:
             await asyncio.sleep(0.05)
         late = [await _completion(client, late_key, late_band, f"late {i}") for i in range(3)]
         flood_done = await asyncio.gather(*flood)
     return flood_done, late
 
 
-def _assert_ledger_balanced(redis_url: str) -> None:
-    snapshot = ledger(redis_url)
-    assert snapshot["tickets"] == 0, "no ticket may be left behind"
-    assert all(band["queued"] == 0 and band["queued_tokens"] == 0 for band in snapshot["bands"])
-    assert len(snapshot["replicas"]) == REPLICAS
-    for replica in snapshot["replicas"]:
-        assert replica["slots_total"] == SLOTS_PER_REPLICA
-        assert (replica["slots_free"], replica["tokens_free"]) == (replica["slots_total"], replica["tokens_total"])
-    stats = snapshot["stats"]
-    assert stats["granted"] == stats["completed"] + stats.get("requeued", 0)
-    assert stats.get("expired", 0) == 0
+def _client_served(tenant_responses: dict[str, list[httpx.Response]]) -> dict[str, int]:
+    return {tenant: sum(r.json()["usage"]["total_tokens"] for r in responses)
+            for tenant, responses in tenant_responses.items()}
 
 
 def test_flooding_tenant_does_not_hold_back_another(base_url: str, redis_url: str, api_keys: dict) -> None:
+    before = served_by_tenant(redis_url)
     flood, late = asyncio.run(_flood_then(base_url, redis_url, api_keys["flood"], "standard", api_keys["calm"],
                                           "standard"))
     flood_waits = sorted(_queue_ms(r) for r in flood)
@@ -70,10 +65,12 @@ def test_flooding_tenant_does_not_hold_back_another(base_url: str, redis_url: st
     assert max(late_waits) < 2 * service_ms + 500, (late_waits, service_ms)
     assert max(late_waits) < flood_waits[-1] / 3, (late_waits, flood_waits[-1])
     assert len({r.headers["x-fleetgate-gateway"] for r in flood}) == GATEWAY_REPLICAS
-    _assert_ledger_balanced(redis_url)
+    assert_ledger_balanced(redis_url, REPLICAS, served_before=before,
+                           client_served=_client_served({"flood": flood, "calm": late}))
 
 
 def test_high_priority_overtakes_queued_low_priority(base_url: str, redis_url: str, api_keys: dict) -> None:
+    before = served_by_tenant(redis_url)
     flood, late = asyncio.run(_flood_then(base_url, redis_url, api_keys["flood"], "batch", api_keys["flood"],
                                           "interactive"))
     batch_waits = sorted(_queue_ms(r) for r in flood)
@@ -81,7 +78,8 @@ def test_high_priority_overtakes_queued_low_priority(base_url: str, redis_url: s
     assert all(r.headers["x-fleetgate-band"] == "interactive" for r in late)
     # same tenant for both, so only the band decides: interactive goes before every queued batch ticket
     assert max(interactive_waits) < batch_waits[len(batch_waits) // 2], (interactive_waits, batch_waits)
-    _assert_ledger_balanced(redis_url)
+    assert_ledger_balanced(redis_url, REPLICAS, served_before=before,
+                           client_served=_client_served({"flood": flood + late}))
 
 
 def test_unknown_priority_is_400(base_url: str, api_keys: dict) -> None:

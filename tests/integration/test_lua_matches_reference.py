@@ -66,6 +66,7 @@ def _state_matches(lua: BlockingGlobalQueue, ref: ReferenceScheduler, now: int) 
     lua_replicas = {r["replica_id"]: (r["slots_free"], r["tokens_free"]) for r in snapshot["replicas"] or []}
     assert lua_replicas == {r.replica_id: (r.slots_free, r.tokens_free) for r in ref.replicas.values()}
     assert snapshot["tickets"] == len(ref.tickets)
+    assert (snapshot["served"] if isinstance(snapshot["served"], dict) else {}) == ref.served
 
 
 @pytest.mark.parametrize("uniform", [False, True], ids=["mixed-replicas", "identical-replicas"])

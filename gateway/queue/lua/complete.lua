@@ -10,6 +10,7 @@ if t and t.granted_to ~= "" then
   delete_ticket(t)
   redis.call("HINCRBY", K_STATS, "completed", 1)
   redis.call("HINCRBY", K_STATS, "served_tokens", PAYLOAD.actual_cost)
+  redis.call("HINCRBY", K_SERVED, t.tenant, PAYLOAD.actual_cost)
   done = true
 end
 return cjson.encode({done = done, grants = dispatch()})

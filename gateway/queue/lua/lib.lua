@@ -49,6 +49,7 @@ local K_QT = P .. "queued_tokens"
 local K_LEASES = P .. "leases"
 local K_REPLICAS = P .. "replicas"
 local K_STATS = P .. "stats"
+local K_SERVED = P .. "served"  -- tokens charged per tenant at completion (what the ledger check compares)
 
 local function counter(band, tenant)
   return tonumber(redis.call("HGET", k_vtc(band), tenant) or "0")
@@ -177,6 +178,7 @@ local function reap()
         remove_waiting(t)
       else
         release(t)
+        redis.call("HINCRBY", K_STATS, "expired_granted", 1)
       end
       redis.call("HINCRBY", K_STATS, "expired", 1)
       delete_ticket(t)

@@ -24,8 +24,11 @@ for i = 1, #ids, 2 do
     slots_total = tonumber(r[1]), slots_free = tonumber(r[2]), tokens_total = tonumber(r[3]),
     tokens_free = tonumber(r[4]), accepts = r[5], pool = r[6], prefers = r[7]}
 end
+local served = {}
+local served_flat = redis.call("HGETALL", K_SERVED)
+for i = 1, #served_flat, 2 do served[served_flat[i]] = tonumber(served_flat[i + 1]) end
 local stats = {}
 local flat = redis.call("HGETALL", K_STATS)
 for i = 1, #flat, 2 do stats[flat[i]] = tonumber(flat[i + 1]) end
-return cjson.encode({now_ms = NOW, bands = bands, replicas = replicas, stats = stats,
+return cjson.encode({now_ms = NOW, bands = bands, replicas = replicas, stats = stats, served = served,
   tickets = redis.call("ZCARD", K_LEASES)})

@@ -1,0 +1,83 @@
+"""End to end: bad input gets a 4xx with OpenAI's error body, never a 500 and never a hung request.
+
+Oversized bodies (declared and chunked), invalid UTF-8, impossible `max_tokens`, and every gateway header
+fuzzed with random printable values.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import TINY_MODEL_NAME
+from tests.e2e.conftest import auth
+
+pytestmark = pytest.mark.e2e
+
+ERROR_KEYS = {"message", "type", "param", "code"}
+LIMIT = 8 << 20  # gateway.max_body_bytes default
+
+
+def _error(response: httpx.Response, status: int, code: str | None = None) -> dict:
+    assert response.status_code == status, response.text[:300]
+    error = response.json()["error"]
+    assert set(error) == ERROR_KEYS, error
+    if code is not None:
+        assert error["code"] == code, error
+    return error
+
+
+def test_oversized_body_is_413(base_url: str, api_keys: dict) -> None:
+    body = b'{"model": "tiny-llama", "prompt": "' + b"x" * (LIMIT + 10) + b'"}'
+    headers = {**auth(api_keys["calm"]), "content-type": "application/json"}
+    _error(httpx.post(f"{base_url}/v1/completions", content=body, headers=headers, timeout=60), 413,
+           "request_too_large")
+
+    def chunked():  # no Content-Length: the gateway stops reading at the limit
+        for start in range(0, len(body), 1 << 20):
+            yield body[start:start + (1 << 20)]
+
+    _error(httpx.post(f"{base_url}/v1/completions", content=chunked(), headers=headers, timeout=60), 413,
+           "request_too_large")
+
+
+def test_invalid_utf8_is_400(base_url: str, api_keys: dict) -> None:
+    body = b'{"model": "tiny-llama", "prompt": "\xff\xfe bad", "max_tokens": 2}'
+    response = httpx.post(f"{base_url}/v1/completions", content=body,
+                          headers={**auth(api_keys["calm"]), "content-type": "application/json"})
+    _error(response, 400, "invalid_json")
+
+
+@pytest.mark.parametrize(("max_tokens", "status", "code"), [
+    (10**9, 400, "context_length_exceeded"), (0, 400, None), (-5, 400, None), ("many", 422, "invalid_request"),
+    (2**70, 400, None),
+])
+def test_impossible_max_tokens_is_4xx(base_url: str, api_keys: dict, max_tokens, status: int, code) -> None:
+    body = {"model": TINY_MODEL_NAME, "prompt": "x", "max_tokens": max_tokens}
+    response = httpx.post(f"{base_url}/v1/completions", json=body, headers=auth(api_keys["calm"]), timeout=60)
+    assert 400 <= response.status_code < 500, response.text[:300]
+    _error(response, status, code)
+
+
+def test_unknown_fields_are_ignored_as_vllm_does(base_url: str, api_keys: dict) -> None:
+    body = {"model": TINY_MODEL_NAME, "prompt": "x", "max_tokens": 1, "no_such_option": {"a": 1}}
+    assert httpx.post(f"{base_url}/v1/completions", json=body, headers=auth(api_keys["calm"]),
+                      timeout=60).status_code == 200
+
+
+_value = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=40)
+HEADERS = ["x-priority", "x-gateway-inference-objective", "x-gateway-inference-fairness-id", "x-slo-ttft-ms",
+           "x-request-id", "x-tenant-id", "authorization"]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(values=st.dictionaries(st.sampled_from(HEADERS), _value, min_size=1, max_size=4))
+def test_fuzzed_headers_get_a_clear_answer(base_url: str, api_keys: dict, values: dict) -> None:
+    headers = {**auth(api_keys["calm"]), **values}
+    body = {"model": TINY_MODEL_NAME, "prompt": "fuzz", "max_tokens": 1}
+    response = httpx.post(f"{base_url}/v1/completions", json=body, headers=headers, timeout=60)
+    assert response.status_code in {200, 400, 401, 403, 429}, (values, response.status_code, response.text[:300])
+    if response.status_code != 200:
+        assert set(response.json()["error"]) == ERROR_KEYS

@@ -1,0 +1,67 @@
+"""The ledger check every end-to-end and fault test ends with: nothing lost, nothing held, charged once.
+
+After a test: no ticket is left in the global queue; every replica's free capacity is back to what it
+registered; every grant ended exactly once (completed, requeued or expired with its holder);
+and each tenant was charged exactly the tokens its clients saw served (when the test knows them).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import redis
+
+from gateway.config import QueueConfig
+from gateway.queue.factory import queue_settings
+from gateway.queue.keys import QueueKeys
+from gateway.queue.redis_queue import BlockingGlobalQueue, lua_mapping
+
+
+def snapshot(redis_url: str, namespace: str = "local") -> dict[str, Any]:
+    """The global queue's snapshot (one consistent read)."""
+    queue = BlockingGlobalQueue(redis.Redis.from_url(redis_url), QueueKeys(namespace=namespace),
+                                queue_settings(QueueConfig()))
+    return queue.snapshot()
+
+
+def served_by_tenant(redis_url: str, namespace: str = "local") -> Counter[str]:
+    """Tokens charged per tenant so far (take it before a test, compare after)."""
+    return Counter(lua_mapping(snapshot(redis_url, namespace).get("served")))
+
+
+def _quiet(state: dict[str, Any]) -> bool:
+    replicas = state.get("replicas") or []
+    return state["tickets"] == 0 and all(
+        r["slots_free"] == r["slots_total"] and r["tokens_free"] == r["tokens_total"] for r in replicas)
+
+
+def assert_ledger_balanced(redis_url: str, replicas: int, *, namespace: str = "local",
+                           served_before: Mapping[str, int] | None = None,
+                           client_served: Mapping[str, int] | None = None, leases_may_expire: bool = False,
+                           timeout_s: float = 30) -> dict[str, Any]:
+    """Wait (bounded) until the queue is quiet, then check the ledger; returns the final snapshot.
+
+    ``client_served``: tokens per tenant the clients saw served (``usage.total_tokens``), compared with what
+    the queue charged since ``served_before``. Unless ``leases_may_expire`` (a fault test killed a holder),
+    no lease may ever have expired: a leaked ticket must not hide behind its lease.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not _quiet(state := snapshot(redis_url, namespace)):
+        assert time.monotonic() < deadline, f"the queue never went quiet: {state}"
+        time.sleep(0.1)
+    assert all(band["queued"] == 0 and band["queued_tokens"] == 0 for band in state["bands"])
+    assert len(state["replicas"] or []) == replicas, state["replicas"]
+    stats = lua_mapping(state.get("stats"))
+    ended = stats.get("completed", 0) + stats.get("requeued", 0) + stats.get("expired_granted", 0)
+    assert stats.get("granted", 0) == ended, stats
+    if not leases_may_expire:
+        assert stats.get("expired", 0) == 0, stats
+    if client_served is not None:
+        charged = Counter(lua_mapping(state.get("served")))
+        charged.subtract(served_before or {})
+        for tenant, tokens in client_served.items():
+            assert charged[tenant] == tokens, (tenant, charged[tenant], tokens)
+    return state
