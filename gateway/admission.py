@@ -31,7 +31,7 @@ from gateway.errors import (
 from gateway.headers import RequestHeaders
 from gateway.metrics import GatewayMetrics
 from gateway.queue.rate_limits import RateLimiter
-from gateway.queue.session import QueueDeadlineExpired, QueueRejected, QueueSession
+from gateway.queue.session import QueueDeadlineExpired, QueueRejected, QueueSession, QueueTicketLost
 from gateway.request_parsing import ParsedRequest
 from gateway.tenants import Tenant
 from policies.priority import BandDecision
@@ -135,7 +135,7 @@ class Admission:
         """Await a grant; admission failures become the client-facing 429 / 503 errors."""
         try:
             return await waiting
-        except (QueueRejected, QueueDeadlineExpired, redis.RedisError) as exc:
+        except (QueueRejected, QueueDeadlineExpired, QueueTicketLost, redis.RedisError) as exc:
             raise admission_error(exc, self.config.retry_after_s) from None
 
     async def _take_rate(self, ticket: Ticket) -> None:
@@ -164,6 +164,9 @@ def admission_error(exc: Exception, retry_after_s: int) -> GatewayError:
     if isinstance(exc, QueueDeadlineExpired):
         return QueueTimeout("No capacity became free before the request's queueing deadline.",
                             reason="rejected-ttl-expired", retry_after_s=retry_after_s)
+    if isinstance(exc, QueueTicketLost):
+        return QueueUnavailable("The global queue lost this request's place (it restarted); retry now.",
+                                reason="queue-unavailable", retry_after_s=1)
     logger.warning("global queue unavailable: %s", type(exc).__name__)
     return QueueUnavailable("The global queue is unavailable; retry shortly.", reason="queue-unavailable",
                             retry_after_s=1)

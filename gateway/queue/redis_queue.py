@@ -141,12 +141,13 @@ class RedisGlobalQueue(_QueueBase):
         """Put a granted ticket back at the head of its queue (its replica was gone)."""
         return bool((await self._call("requeue", {"ticket_id": ticket_id}, now_ms))["moved"])
 
-    async def renew(self, ticket_ids: list[str], now_ms: int | None = None) -> int:
-        """Extend these tickets' leases; returns how many still exist."""
+    async def renew(self, ticket_ids: list[str], now_ms: int | None = None) -> list[str]:
+        """Extend these tickets' leases; returns the ids that no longer exist."""
         if not ticket_ids:
-            return 0
+            return []
         payload = {"ticket_ids": ticket_ids, "lease_ms": self.settings.lease_ms}
-        return int((await self._call("renew", payload, now_ms))["alive"])
+        missing = (await self._call("renew", payload, now_ms))["missing"]
+        return list(missing) if isinstance(missing, list) else []
 
     async def expire(self, now_ms: int | None = None) -> list[Grant]:
         """Reap expired leases and dispatch."""

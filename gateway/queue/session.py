@@ -36,6 +36,10 @@ class QueueDeadlineExpired(Exception):
     """No grant came before the ticket's deadline; the ticket was withdrawn."""
 
 
+class QueueTicketLost(Exception):
+    """The queue no longer has the waiting ticket (Redis restarted empty, or its lease lapsed)."""
+
+
 class QueueSession:
     """Admission through the global queue for one gateway replica (owner of its tickets)."""
 
@@ -173,13 +177,22 @@ class QueueSession:
                 future.set_result(Grant(message["ticket_id"], message["replica_id"], message["band"], message["tenant"],
                                          message.get("pool", "default")))
 
+    def _fail_lost(self, missing: list[str]) -> None:
+        """Answer the waiters whose tickets the queue lost, now rather than at their deadline."""
+        for ticket_id in missing:
+            future = self._waiting.get(ticket_id)
+            if future is not None and not future.done():
+                future.set_exception(QueueTicketLost(ticket_id))
+                future.exception()  # retrieved here: a waiter already leaving must not log it as unhandled
+                logger.warning("a waiting ticket was lost by the queue (Redis restarted?); answering its request")
+
     async def _keep_leases(self) -> None:
         period = max(self.queue.settings.lease_ms / 3000, 0.2)
         while not self._closing:
             await asyncio.sleep(period)
             try:
                 if self._owned:
-                    await self.queue.renew(sorted(self._owned))
+                    self._fail_lost(await self.queue.renew(sorted(self._owned)))
                 await self.queue.expire()  # also reaps other gateways' and replicas' lapsed leases
             except asyncio.CancelledError:
                 raise

@@ -67,8 +67,14 @@ def auth(key: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
+def serve_work_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the deployment's config copy and its `serve run` log live."""
+    return tmp_path_factory.mktemp("serve")
+
+
+@pytest.fixture(scope="session")
 def base_url(tiny_model_path: Path, redis_url: str, tenants_file: Path, api_keys: dict[str, str],
-             tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+             serve_work_dir: Path) -> Iterator[str]:
     """Base URL of the running deployment."""
 
     def for_tests(args: dict) -> None:
@@ -84,7 +90,7 @@ def base_url(tiny_model_path: Path, redis_url: str, tenants_file: Path, api_keys
         gateways = [s for s in client.smembers(keys.metrics_sources()) if s.startswith(b"gateway:")]
         return len(snapshot(redis_url)["replicas"] or []) == REPLICAS and len(gateways) == GATEWAY_REPLICAS
 
-    with serve_run(REPO_ROOT / "deploy" / "local.yaml", tmp_path_factory.mktemp("serve"),
+    with serve_run(REPO_ROOT / "deploy" / "local.yaml", serve_work_dir,
                    env={"REDIS_URL": redis_url}, edit=for_tests, ready=every_replica_up,
                    ready_headers=auth(api_keys["calm"])) as url:
         yield url

@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 
 from gateway.queue.keys import QueueKeys
 from gateway.queue.redis_queue import QueueSettings, RedisGlobalQueue
-from gateway.queue.session import QueueDeadlineExpired, QueueSession
+from gateway.queue.session import QueueDeadlineExpired, QueueSession, QueueTicketLost
 from policies.types import BandPolicy, ReplicaCapacity, TicketSpec
 
 pytestmark = pytest.mark.integration
@@ -120,6 +120,23 @@ async def test_cancelled_waiter_leaves_nothing_behind(redis_url: str) -> None:
         await waiter
     assert (await queue.snapshot())["tickets"] == 0
     assert session.owned == frozenset()
+    await session.close()
+
+
+async def test_a_ticket_the_queue_lost_is_answered_at_once(redis_url: str) -> None:
+    namespace = f"g{uuid.uuid4().hex[:10]}"
+    queue = _queue(redis_url, namespace, lease_ms=600)  # renewed every 0.2 s
+    session = QueueSession(queue, aioredis.Redis.from_url(redis_url))
+    spec = TicketSpec(session.new_ticket_id(), "t", "batch", 50, owner=session.owner)
+    waiter = asyncio.create_task(session.admit(spec, timeout_s=60))
+    while (await queue.snapshot())["tickets"] == 0:
+        await asyncio.sleep(0.01)
+    client = redis.Redis.from_url(redis_url)
+    client.delete(*client.keys(f"fg:{{{namespace}}}:*"))  # as if Redis restarted empty
+    lost_at = asyncio.get_running_loop().time()
+    with pytest.raises(QueueTicketLost):
+        await waiter
+    assert asyncio.get_running_loop().time() - lost_at < 2, "the waiter must not sit out its 60 s deadline"
     await session.close()
 
 

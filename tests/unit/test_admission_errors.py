@@ -4,7 +4,7 @@ import pytest
 import redis
 
 from gateway.admission import admission_error
-from gateway.queue.session import QueueDeadlineExpired, QueueRejected
+from gateway.queue.session import QueueDeadlineExpired, QueueRejected, QueueTicketLost
 
 
 @pytest.mark.parametrize(
@@ -14,6 +14,7 @@ from gateway.queue.session import QueueDeadlineExpired, QueueRejected
         (QueueRejected("queue_tokens_full"), 429, "queue_full", "rejected-saturated", "7"),
         (QueueDeadlineExpired(), 429, "queue_timeout", "rejected-ttl-expired", "7"),
         (redis.ConnectionError("down"), 503, "queue_unavailable", "queue-unavailable", "1"),
+        (QueueTicketLost("t1"), 503, "queue_unavailable", "queue-unavailable", "1"),
     ],
 )
 def test_admission_error_mapping(exc, status, code, reason, retry_after) -> None:
