@@ -39,6 +39,9 @@ class PoolConfig(BaseModel):
     max_ongoing_requests: int = Field(256, ge=1, description="Requests one replica accepts at once.")
     engine: EngineSettings = Field(default_factory=EngineSettings, description="vLLM engine settings.")
     cpu_binding: CpuBinding | None = Field(None, description="CPU builds: cores each replica binds to.")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="Ray custom resources per replica: pins a pool to the nodes that have them."
+    )
     accepts: list[str] | None = Field(
         None, description="Length classes this pool may run at all (None: every class)."
     )
@@ -57,6 +60,7 @@ class GatewayDeploymentConfig(BaseModel):
     num_replicas: int = Field(1, ge=1, description="Gateway (ingress) replicas.")
     num_cpus: float = Field(0.25, gt=0, description="Ray CPUs reserved per gateway replica.")
     max_ongoing_requests: int = Field(2000, ge=1, description="Requests one gateway replica holds at once.")
+    resources: dict[str, float] = Field(default_factory=dict, description="Ray custom resources per replica.")
     max_body_bytes: int = Field(
         8 << 20, ge=1024, description="Largest request body accepted (then 413); bounds memory per request."
     )

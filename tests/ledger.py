@@ -7,6 +7,7 @@ and each tenant was charged exactly the tokens its clients saw served (when the 
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -20,11 +21,17 @@ from gateway.queue.keys import QueueKeys
 from gateway.queue.redis_queue import BlockingGlobalQueue, lua_mapping
 
 
+@functools.cache
+def _queue(redis_url: str, namespace: str) -> BlockingGlobalQueue:
+    # one client per URL: a fresh connection per poll would churn connections on a loaded machine;
+    # a generous timeout, since a 2-core machine running vLLM can leave Redis slow to answer for a moment
+    client = redis.Redis.from_url(redis_url, socket_timeout=30, socket_connect_timeout=5)
+    return BlockingGlobalQueue(client, QueueKeys(namespace=namespace), queue_settings(QueueConfig()))
+
+
 def snapshot(redis_url: str, namespace: str = "local") -> dict[str, Any]:
     """The global queue's snapshot (one consistent read)."""
-    queue = BlockingGlobalQueue(redis.Redis.from_url(redis_url), QueueKeys(namespace=namespace),
-                                queue_settings(QueueConfig()))
-    return queue.snapshot()
+    return _queue(redis_url, namespace).snapshot()
 
 
 def served_by_tenant(redis_url: str, namespace: str = "local") -> Counter[str]:

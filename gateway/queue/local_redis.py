@@ -29,29 +29,52 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@contextmanager
-def running_redis(work_dir: Path, password: str | None = None) -> Iterator[str]:
-    """Run redis-server until the block ends; yield its URL (with the password, if one is set)."""
-    port = _free_port()
-    command = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-               "--appendonly", "no", "--dir", str(work_dir)]
-    if password:
-        command += ["--requirepass", password]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    url = f"redis://:{password}@127.0.0.1:{port}/0" if password else f"redis://127.0.0.1:{port}/0"
-    try:
-        client = redis.Redis.from_url(url)
+class RedisProcess:
+    """A redis-server that keeps nothing on disk, on a fixed port: start, stop (as a crash would), start again."""
+
+    def __init__(self, work_dir: Path, port: int | None = None, password: str | None = None) -> None:
+        self.port = port or _free_port()
+        self._password = password
+        self._command = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                         "--appendonly", "no", "--dir", str(work_dir)]
+        if password:
+            self._command += ["--requirepass", password]
+        self._process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        """The server's URL (with the password, if one is set)."""
+        auth = f":{self._password}@" if self._password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        """Start the server and wait until it answers PING."""
+        self._process = subprocess.Popen(self._command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        client = redis.Redis.from_url(self.url)
         deadline = time.monotonic() + 10
         while True:
             try:
                 client.ping()
                 break
             except redis.ConnectionError:
-                if process.poll() is not None or time.monotonic() > deadline:
+                if self._process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("redis-server did not start") from None
                 time.sleep(0.05)
         client.close()
-        yield url
+
+    def stop(self) -> None:
+        """Stop the server (its data is gone: it keeps nothing on disk)."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            self._process.wait(timeout=10)
+
+
+@contextmanager
+def running_redis(work_dir: Path, password: str | None = None) -> Iterator[str]:
+    """Run redis-server until the block ends; yield its URL (with the password, if one is set)."""
+    server = RedisProcess(work_dir, password=password)
+    server.start()
+    try:
+        yield server.url
     finally:
-        process.terminate()
-        process.wait(timeout=10)
+        server.stop()

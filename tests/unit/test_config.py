@@ -56,3 +56,20 @@ def test_relative_paths_resolve_against_the_start_directory(tmp_path: Path) -> N
 def test_hub_id_is_left_alone(tmp_path: Path) -> None:
     config = AppConfig.model_validate(_minimal(model={"name": "m", "path": "org/model"}))
     assert config.with_absolute_paths(str(tmp_path)).model.path == "org/model"
+
+
+def test_kuberay_rayservice_serves_the_gpu_config() -> None:
+    service = yaml.safe_load((DEPLOY / "kuberay" / "rayservice.yaml").read_text())
+    assert service["kind"] == "RayService"
+    serve_config = yaml.safe_load(service["spec"]["serveConfigV2"])
+    (application,) = serve_config["applications"]
+    (gpu_application,) = yaml.safe_load((DEPLOY / "gpu.yaml").read_text())["applications"]
+    AppConfig.model_validate(application["args"])
+    gpu_args = gpu_application["args"]
+    gpu_args["queue"].pop("redis_url")  # the manifest takes REDIS_URL from a Secret
+    assert {**application["args"], "cache_dir": gpu_args["cache_dir"]} == gpu_args
+    head = service["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert {"name": "REDIS_URL", "valueFrom": {"secretKeyRef": {"name": "fleetgate-redis", "key": "url"}}} in head["env"]
+    assert any(m["mountPath"] == "/etc/fleetgate" for m in head["volumeMounts"])
+    redis_docs = list(yaml.safe_load_all((DEPLOY / "kuberay" / "redis.yaml").read_text()))
+    assert {d["kind"] for d in redis_docs} == {"Deployment", "Service"}

@@ -1,0 +1,102 @@
+"""A `serve run deploy/local.yaml` deployment of its own for the fault tests, which kill parts of it.
+
+Short leases (3 s) so a dead holder's capacity comes back quickly; its own Redis on a fixed port so a
+test can stop and restart it; anonymous access (the fault tests are not about keys).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+
+from gateway.queue.keys import QueueKeys
+from gateway.queue.local_redis import RedisProcess
+from tests.conftest import REPO_ROOT
+from tests.e2e.deployment import serve_run
+from tests.ledger import snapshot
+
+GATEWAYS = 2
+REPLICAS = 2
+SLOTS = 4
+LEASE_S = 3
+
+
+@dataclass
+class Fleet:
+    """The running deployment under test."""
+
+    url: str
+    redis: RedisProcess
+
+    @property
+    def redis_url(self) -> str:
+        return self.redis.url
+
+
+def replica_pids(deployment: str) -> list[int]:
+    """PIDs of the Ray Serve replica actors of ``deployment`` (e.g. "gateway", "vllm-latency")."""
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
+    return [int(line.split()[0]) for line in out.splitlines()
+            if f"ServeReplica:llm-gateway:{deployment}" in line and "grep" not in line]
+
+
+def kill(pid: int) -> None:
+    """Kill a process as a crash would (no clean-up runs)."""
+    os.kill(pid, signal.SIGKILL)
+
+
+def wait_for(condition, timeout_s: float, what: str, period_s: float = 0.2):
+    """Poll ``condition`` until it returns something truthy (bounded); return that."""
+    deadline = time.monotonic() + timeout_s
+    while not (result := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(period_s)
+    return result
+
+
+@functools.cache
+def _client(redis_url: str) -> redis.Redis:
+    return redis.Redis.from_url(redis_url, socket_timeout=30, socket_connect_timeout=5)
+
+
+def gateways_publishing(redis_url: str) -> set[str]:
+    """The gateway replicas whose metrics are live (each publishes every second)."""
+    client = _client(redis_url)
+    keys = QueueKeys(namespace="local")
+    return {s.decode() for s in client.smembers(keys.metrics_sources())
+            if s.startswith(b"gateway:") and client.exists(keys.metrics(s.decode()))}
+
+
+@pytest.fixture(scope="module")
+def fleet(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    work_dir = tmp_path_factory.mktemp("faults")
+    server = RedisProcess(work_dir)
+    server.start()
+
+    def for_faults(args: dict) -> None:
+        args["gateway"]["num_replicas"] = GATEWAYS
+        for pool in args["pools"]:
+            pool["engine"]["max_num_seqs"] = SLOTS
+        args["queue"].update({"lease_s": LEASE_S, "max_wait_s": 30})
+        args["access"] = {"allow_anonymous": True, "trust_tenant_header": True}
+        args["metrics"] = {"publish_interval_s": 1.0}
+
+    def ready() -> bool:
+        return (len(snapshot(server.url)["replicas"] or []) == REPLICAS
+                and len(gateways_publishing(server.url)) == GATEWAYS)
+
+    try:
+        with serve_run(REPO_ROOT / "deploy" / "local.yaml", work_dir, env={"REDIS_URL": server.url},
+                       edit=for_faults, ready=ready) as url:
+            yield Fleet(url, server)
+    finally:
+        server.stop()
