@@ -49,7 +49,10 @@ def base_url(cluster: str, tiny_model_path: Path,
     """The deployment on the two-node cluster: (its URL, its Redis URL)."""
     work_dir = tmp_path_factory.mktemp("multinode")
 
-    def on_two_nodes(args: dict) -> None:
+    def on_two_nodes(args: dict, redis_url: str) -> None:
+        # on a cluster started apart (as with KubeRay), Serve builds the application on a cluster node: the
+        # shell's REDIS_URL does not reach it, so the URL goes in the config (or the nodes' environment)
+        args["queue"]["redis_url"] = redis_url
         args["gateway"]["num_replicas"] = 2
         args["access"] = {"allow_anonymous": True}
         for pool in args["pools"]:
@@ -60,8 +63,9 @@ def base_url(cluster: str, tiny_model_path: Path,
         def ready() -> bool:
             return len(snapshot(redis_url)["replicas"] or []) == 2
 
-        with serve_run(REPO_ROOT / "deploy" / "local.yaml", work_dir, edit=on_two_nodes, ready=ready,
-                       env={"RAY_ADDRESS": cluster, "REDIS_URL": redis_url}) as url:
+        env = {key: value for key, value in os.environ.items() if key != "REDIS_URL"}
+        with serve_run(REPO_ROOT / "deploy" / "local.yaml", work_dir, ready=ready,
+                       edit=lambda args: on_two_nodes(args, redis_url), env={**env, "RAY_ADDRESS": cluster}) as url:
             yield url, redis_url
 
 
