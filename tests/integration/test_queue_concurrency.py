@@ -150,3 +150,51 @@ async def test_redis_url_with_password(tmp_path) -> None:
         assert result.admitted and result.grants[0].replica_id == "replica-a"
         with pytest.raises(redis.exceptions.AuthenticationError):
             await _queue(url.replace(":s3cret-pw@", ":wrong@"), "auth").snapshot()
+
+
+async def test_redis_over_tls_with_auth(tmp_path) -> None:
+    """A `rediss://` URL (TLS, password, the CA in `ssl_ca_certs`) runs the queue as a plain one does."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from gateway.config import QueueConfig
+    from gateway.queue.factory import global_queue, redis_client
+    from gateway.queue.local_redis import redis_server_binary
+
+    with_tls = [b for b in (redis_server_binary(), "/usr/bin/redis-server", "/usr/local/bin/redis-server")
+                if Path(b).exists() and "libssl" in subprocess.run(["ldd", b], capture_output=True, text=True).stdout]
+    if not with_tls:
+        pytest.skip("no redis-server built with TLS here (Debian's is)")
+    binary = with_tls[0]
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    from tests.e2e.deployment import free_port
+
+    port = free_port()
+    server = subprocess.Popen([binary, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--save", "",
+                               "--appendonly", "no", "--dir", str(tmp_path), "--requirepass", "tls-pw",
+                               "--tls-cert-file", str(cert), "--tls-key-file", str(key),
+                               "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        config = QueueConfig(redis_url=f"rediss://:tls-pw@127.0.0.1:{port}/0?ssl_ca_certs={cert}", namespace="tls")
+        queue = global_queue(config, redis_client(config))
+        for _ in range(100):  # until the server listens
+            try:
+                await _register(queue)
+                break
+            except redis.ConnectionError:
+                await asyncio.sleep(0.05)
+        result = await queue.enqueue(TicketSpec("over-tls", "t", "interactive", 10))
+        assert result.admitted and result.grants[0].replica_id == "replica-a"
+        plain = QueueConfig(redis_url=f"redis://:tls-pw@127.0.0.1:{port}/0", namespace="tls")
+        with pytest.raises(redis.ConnectionError):
+            await global_queue(plain, redis_client(plain)).snapshot()
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
