@@ -40,6 +40,7 @@ from gateway.errors import (
 )
 from gateway.headers import RequestHeaders, read_headers, request_id_of
 from gateway.metrics import GatewayMetrics
+from gateway.openapi import gateway_openapi
 from gateway.request_parsing import Endpoint, ParsedRequest, parse_request, preload_protocol_models, read_body
 from gateway.routing import GRANT_KWARG
 from gateway.tenants import Tenant
@@ -50,6 +51,7 @@ from policies.types import Grant
 logger = logging.getLogger(__name__)
 
 api = FastAPI(title="LLM gateway", description="OpenAI-compatible gateway in front of vLLM replica pools.")
+api.openapi = lambda: gateway_openapi(api)  # type: ignore[method-assign]
 CLIENT_GONE = 499  # the client went away before the reply (nginx's convention, for logs and metrics)
 
 

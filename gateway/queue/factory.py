@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import redis
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
 
 from gateway.config import QueueConfig
 from gateway.queue.keys import QueueKeys
@@ -21,8 +24,16 @@ def queue_settings(config: QueueConfig) -> QueueSettings:
 
 
 def redis_client(config: QueueConfig) -> aioredis.Redis:
-    """An asyncio Redis client for the configured URL (AUTH and TLS come from the URL)."""
-    return aioredis.Redis.from_url(config.resolved_redis_url(), socket_connect_timeout=2, health_check_interval=10)
+    """An asyncio Redis client for the configured URL (AUTH and TLS come from the URL).
+
+    A pooled connection that Redis closed (a restart) fails on its next use; such a connection error is
+    retried on a fresh connection, twice, so one restart costs no request. Timeouts are not retried: the
+    command may have run. The scripts tolerate a repeat (complete, cancel and renew are idempotent, and an
+    enqueue that already went through reports "duplicate", taken as admitted).
+    """
+    retry = Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), 2, supported_errors=(redis.ConnectionError,))
+    return aioredis.Redis.from_url(config.resolved_redis_url(), socket_connect_timeout=2, health_check_interval=10,
+                                   retry=retry)
 
 
 def global_queue(config: QueueConfig, client: aioredis.Redis) -> RedisGlobalQueue:

@@ -93,7 +93,9 @@ class QueueSession:
 
         async def enqueue() -> list[Grant]:
             result = await self.queue.enqueue(spec)
-            if not result.admitted:
+            # "duplicate": a retried enqueue whose first attempt went through (ids are ours alone); its
+            # grant, if any, arrives on the inbox like every grant
+            if not result.admitted and result.status != "duplicate":
                 raise QueueRejected(result.status)
             self._owned.add(spec.ticket_id)
             return result.grants
