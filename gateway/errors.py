@@ -51,6 +51,12 @@ class InvalidRequest(GatewayError):
     status, error_type, code = 422, "invalid_request_error", "invalid_request"
 
 
+class InvalidValue(GatewayError):
+    """A field's value is one vLLM refuses (e.g. no prompt at all): 400, as vLLM answers it."""
+
+    status, error_type, code = 400, "invalid_request_error", "invalid_value"
+
+
 class ModelNotFound(GatewayError):
     """The request names a model this gateway does not serve."""
 

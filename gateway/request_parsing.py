@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 from starlette.requests import Request
 
-from gateway.errors import InvalidJSON, InvalidRequest, PayloadTooLarge
+from gateway.errors import InvalidJSON, InvalidRequest, InvalidValue, PayloadTooLarge
 
 Endpoint = Literal["chat", "completion"]
 
@@ -39,10 +39,16 @@ def parse_request(raw_body: bytes, endpoint: Endpoint) -> ParsedRequest:
     if not isinstance(body, dict):
         raise InvalidJSON("The request body must be a JSON object.")
     model_class = _request_model(endpoint)
+    from vllm.exceptions import VLLMClientError
+
     try:
         request = model_class.model_validate(body)
     except ValidationError as exc:
         raise _invalid_request(exc) from None
+    except VLLMClientError as exc:  # vLLM's own validators raise these past pydantic; vLLM answers 400
+        parameter = getattr(exc, "parameter", None)
+        message = str(exc.args[0]) if exc.args else "invalid request"
+        raise InvalidValue(message, param=parameter) from None
     max_tokens = getattr(request, "max_completion_tokens", None) or getattr(request, "max_tokens", None)
     return ParsedRequest(
         endpoint=endpoint, body=body, model=request.model or "", stream=bool(request.stream),

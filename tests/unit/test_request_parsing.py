@@ -44,3 +44,12 @@ def test_vllm_context_length_error_maps_to_openai_code() -> None:
     assert error.status == 400
     assert error.body() == {"error": {"message": vllm_body["error"]["message"], "type": "invalid_request_error",
                                       "param": "input_tokens", "code": "context_length_exceeded"}}
+
+
+@pytest.mark.parametrize(("endpoint", "body"), [("completion", b"{}"), ("completion", b'{"model": "m", "prompt": ""}')])
+def test_values_vllm_refuses_are_400_not_500(endpoint: str, body: bytes) -> None:
+    from gateway.errors import InvalidValue
+
+    with pytest.raises(InvalidValue) as caught:
+        parse_request(body, endpoint)  # found by schemathesis: vLLM's own validator error escaped as a 500
+    assert caught.value.status == 400 and caught.value.param == "prompt"
