@@ -8,12 +8,13 @@ sent is always checked: an unknown key is a 401 in every mode.
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Mapping
 
 from gateway.config import AccessConfig
 from gateway.errors import PermissionDenied, Unauthenticated
 from gateway.headers import RequestHeaders, read_tenant_id
-from gateway.tenants import Tenant, TenantRegistry
+from gateway.tenants import Tenant, TenantRegistry, hash_key
 from policies.priority import BandDecision, BandNotAllowed, resolve_band
 
 
@@ -43,6 +44,15 @@ class Access:
         if self.config.trust_tenant_header:
             tenant_id = read_tenant_id(headers) or tenant_id
         return self.tenants.by_id(tenant_id) or Tenant(id=tenant_id)
+
+    @staticmethod
+    def check_scrape_key(headers: Mapping[str, str], digest: str | None) -> None:
+        """Raise Unauthenticated unless ``digest`` is unset or the bearer key hashes to it (for /metrics)."""
+        if digest is None:
+            return
+        scheme, _, key = (headers.get("authorization") or "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(hash_key(key.strip()), digest):
+            raise Unauthenticated("The metrics need the scrape key: 'Authorization: Bearer <scrape key>'.")
 
     def check_model(self, tenant: Tenant, model: str) -> None:
         """Raise PermissionDenied (403) when the tenant may not call ``model``."""

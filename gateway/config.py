@@ -176,6 +176,11 @@ class MetricsConfig(BaseModel):
 
     publish_interval_s: float = Field(2.0, gt=0, description="How often each process publishes to Redis.")
     tenant_labels: bool = Field(True, description="Label queue and request metrics by tenant.")
+    scrape_key_sha256: str | None = Field(
+        None, pattern=r"^[0-9a-f]{64}$",
+        description="When set, /metrics needs 'Authorization: Bearer <key>' with this SHA-256 (tenant keys do not "
+        "open it); unset, /metrics is open (keep it on the scrapers' network).",
+    )
 
 
 class AppConfig(BaseModel):

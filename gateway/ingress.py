@@ -121,6 +121,7 @@ class Gateway:
         }
         self.metrics = GatewayMetrics(settings.metrics.tenant_labels)
         self._tenant_labels = settings.metrics.tenant_labels
+        self._scrape_key_sha256 = settings.metrics.scrape_key_sha256
         preload_protocol_models()
         self._admission = None
         self._publisher = None
@@ -145,8 +146,9 @@ class Gateway:
         return {"status": "ok"}
 
     @api.get("/metrics")
-    async def prometheus_metrics(self) -> Response:
+    async def prometheus_metrics(self, request: Request) -> Response:
         """Prometheus exposition: every gateway's and replica's series and the global queue's gauges."""
+        Access.check_scrape_key(request.headers, self._scrape_key_sha256)
         body = generate_latest(self.metrics.registry)
         if self._publisher is not None:
             from gateway.metrics_board import render_fleet

@@ -15,6 +15,7 @@ import redis
 
 from gateway.cli import main as fleetgate
 from gateway.queue.keys import QueueKeys
+from gateway.tenants import hash_key
 from tests.conftest import REPO_ROOT, TINY_MODEL_NAME
 from tests.e2e.deployment import serve_run
 from tests.ledger import snapshot
@@ -23,6 +24,7 @@ SLOTS_PER_REPLICA = 4
 GATEWAY_REPLICAS = 2
 REPLICAS = 2  # vLLM replicas in deploy/local.yaml: one latency, one throughput
 RATE_LIMIT_RPM = 20
+SCRAPE_KEY = "fg-scrape-key-for-the-e2e-tests"  # /metrics needs it (metrics.scrape_key_sha256)
 
 TENANTS = f"""
 tenants:
@@ -82,7 +84,7 @@ def base_url(tiny_model_path: Path, redis_url: str, tenants_file: Path, api_keys
         for pool in args["pools"]:
             pool["engine"]["max_num_seqs"] = SLOTS_PER_REPLICA
         args["access"] = {"tenants_file": str(tenants_file), "allow_anonymous": False, "reload_interval_s": 0.5}
-        args["metrics"] = {"publish_interval_s": 1.0}
+        args["metrics"] = {"publish_interval_s": 1.0, "scrape_key_sha256": hash_key(SCRAPE_KEY)}
 
     def every_replica_up() -> bool:  # vLLM replicas registered their capacity; gateways publish metrics
         client = redis.Redis.from_url(redis_url)

@@ -16,7 +16,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import TINY_MODEL_NAME
-from tests.e2e.conftest import GATEWAY_REPLICAS, RATE_LIMIT_RPM, REPLICAS, SLOTS_PER_REPLICA, add_key, auth
+from tests.e2e.conftest import (
+    GATEWAY_REPLICAS, RATE_LIMIT_RPM, REPLICAS, SCRAPE_KEY, SLOTS_PER_REPLICA, add_key, auth,
+)
 from tests.ledger import assert_ledger_balanced, snapshot
 
 pytestmark = pytest.mark.e2e
@@ -134,7 +136,7 @@ def test_long_prompts_run_on_the_throughput_pool(base_url: str, api_keys: dict) 
 
 
 def _engines_running(base_url: str) -> float:
-    text = httpx.get(f"{base_url}/metrics", timeout=30).text
+    text = httpx.get(f"{base_url}/metrics", headers=auth(SCRAPE_KEY), timeout=30).text
     return sum(s.value for f in text_string_to_metric_families(text) if f.name == "vllm:num_requests_running"
                for s in f.samples)
 
@@ -187,7 +189,7 @@ def test_metrics_show_every_gateway_replica_and_the_queue(base_url: str, api_key
     _completion(base_url, {**auth(api_keys["calm"]), "x-priority": "interactive"}, stream=True, max_tokens=4)
 
     def scrape() -> dict:
-        text = httpx.get(f"{base_url}/metrics", timeout=30).text
+        text = httpx.get(f"{base_url}/metrics", headers=auth(SCRAPE_KEY), timeout=30).text
         return {f.name: f for f in text_string_to_metric_families(text)}
 
     def interactive_ttft(families: dict) -> float:
@@ -199,6 +201,8 @@ def test_metrics_show_every_gateway_replica_and_the_queue(base_url: str, api_key
     while interactive_ttft(families := scrape()) < 1:
         assert time.monotonic() < deadline, "the stream's TTFT never appeared"
         time.sleep(0.2)
+    assert httpx.get(f"{base_url}/metrics", timeout=30).status_code == 401  # the scrape key is required
+    assert httpx.get(f"{base_url}/metrics", headers=auth(api_keys["calm"]), timeout=30).status_code == 401
     grants = families["fleetgate_grants"].samples
     assert {s.labels["gateway"] for s in grants} and {s.labels["pool"] for s in grants} == {"latency", "throughput"}
     assert any(s.labels["tenant"] == "calm" and s.labels["band"] == "interactive" for s in grants)

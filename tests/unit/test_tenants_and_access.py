@@ -133,3 +133,12 @@ def test_shipped_tenants_file_validates() -> None:
     shipped = Path(__file__).resolve().parents[2] / "deploy" / "tenants.yaml"
     tenants = TenantsFile.read(shipped).check_bands(BANDS)
     assert {t.id for t in tenants.tenants} >= {"anonymous", "chat-app", "batch-etl"}
+
+
+def test_metrics_scrape_key() -> None:
+    key = new_key()
+    Access.check_scrape_key({}, None)  # unset: open
+    Access.check_scrape_key({"authorization": f"Bearer {key}"}, hash_key(key))
+    for headers in ({}, {"authorization": "Bearer " + new_key()}, {"authorization": key}):
+        with pytest.raises(Unauthenticated):
+            Access.check_scrape_key(headers, hash_key(key))
