@@ -1,6 +1,6 @@
 """A `serve run deploy/local.yaml` deployment of its own for the fault tests, which kill parts of it.
 
-Short leases (3 s) so a dead holder's capacity comes back quickly; its own Redis on a fixed port so a
+Short leases (5 s) so a dead holder's capacity comes back quickly; its own Redis on a fixed port so a
 test can stop and restart it; anonymous access (the fault tests are not about keys).
 """
 
@@ -27,7 +27,7 @@ from tests.ledger import snapshot
 GATEWAYS = 2
 REPLICAS = 2
 SLOTS = 4
-LEASE_S = 3
+LEASE_S = 5
 
 
 @dataclass
