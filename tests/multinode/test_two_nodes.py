@@ -39,7 +39,8 @@ def cluster() -> Iterator[str]:
     try:
         _ray("start", f"--address={address}", "--num-cpus=1", "--resources", json.dumps({"second_node": 1}))
         yield address
-    finally:
+    finally:  # gracefully first: replicas shut their vLLM engines down (a forced stop would orphan them)
+        _ray("stop", "--grace-period", "60")
         _ray("stop", "--force")
 
 
