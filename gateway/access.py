@@ -18,6 +18,12 @@ from gateway.tenants import Tenant, TenantRegistry, hash_key
 from policies.priority import BandDecision, BandNotAllowed, resolve_band
 
 
+def bearer_key(authorization: str) -> str | None:
+    """The key of an ``Authorization: Bearer <key>`` value; None when the value has another form."""
+    scheme, _, key = authorization.strip().partition(" ")
+    return key.strip() if scheme.lower() == "bearer" and key.strip() else None
+
+
 class Access:
     """Authentication and authorisation for one gateway replica."""
 
@@ -31,10 +37,10 @@ class Access:
         """The calling tenant; raises Unauthenticated (401)."""
         authorization = headers.get("authorization")
         if authorization is not None:
-            scheme, _, key = authorization.strip().partition(" ")
-            if scheme.lower() != "bearer" or not key.strip():
+            key = bearer_key(authorization)
+            if key is None:
                 raise Unauthenticated("The Authorization header must be 'Bearer <API key>'.")
-            tenant = self.tenants.by_key(key.strip())
+            tenant = self.tenants.by_key(key)
             if tenant is None:
                 raise Unauthenticated("Invalid API key.")
             return tenant
@@ -50,8 +56,8 @@ class Access:
         """Raise Unauthenticated unless ``digest`` is unset or the bearer key hashes to it (for /metrics)."""
         if digest is None:
             return
-        scheme, _, key = (headers.get("authorization") or "").strip().partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(hash_key(key.strip()), digest):
+        key = bearer_key(headers.get("authorization") or "")
+        if key is None or not hmac.compare_digest(hash_key(key), digest):
             raise Unauthenticated("The metrics need the scrape key: 'Authorization: Bearer <scrape key>'.")
 
     def check_model(self, tenant: Tenant, model: str) -> None:
