@@ -79,7 +79,6 @@ class Admission:
     def __init__(self, config: QueueConfig, metrics: GatewayMetrics) -> None:
         self.config = config
         self.metrics = metrics
-        self._band_priority = {band.name: index for index, band in enumerate(config.bands)}
         self._session: QueueSession | None = None
         self._rates: RateLimiter | None = None
 
@@ -98,7 +97,7 @@ class Admission:
     async def ticket(self, parsed: ParsedRequest, tenant: Tenant, decision: BandDecision, asked: RequestHeaders,
                      size: Classification, arrived: float) -> Ticket:
         """The request's ticket; the body gets its band's vLLM priority and always asks for stream usage."""
-        parsed.body["priority"] = self._band_priority[decision.band]
+        parsed.body["priority"] = self.config.vllm_priority(decision.band)
         client_wants_usage = bool((parsed.body.get("stream_options") or {}).get("include_usage"))
         if parsed.stream:
             parsed.body["stream_options"] = {**(parsed.body.get("stream_options") or {}), "include_usage": True}

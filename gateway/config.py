@@ -142,6 +142,10 @@ class QueueConfig(BaseModel):
         """Band names, highest first."""
         return [band.name for band in self.bands]
 
+    def vllm_priority(self, band: str) -> int:
+        """The band's vLLM priority: its position, 0 for the highest (vLLM runs lower values first)."""
+        return self.band_names.index(band)
+
     def length_class_policy(self) -> LengthClasses:
         """The length classes as the classification policy uses them."""
         return LengthClasses.from_bounds([(c.name, c.max_prompt_tokens) for c in self.length_classes])

@@ -213,7 +213,7 @@ class Gateway:
         max_model_len = int((await self._listing())["data"][0].get("max_model_len") or 0)
         size = await self._classifier.classify(parsed, max_model_len)
         if self._admission is None:  # the baseline: no global queue; the class's pool, Serve's default router
-            parsed.body["priority"] = self._queue_config.band_names.index(decision.band)
+            parsed.body["priority"] = self._queue_config.vllm_priority(decision.band)
             pool = self._pool_for_class[size.length_class]
             headers = {"x-fleetgate-band": decision.band, "x-fleetgate-length-class": size.length_class,
                        "x-fleetgate-prompt-tokens": str(size.prompt_tokens), "x-fleetgate-pool": pool}
