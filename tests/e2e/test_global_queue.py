@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+import time
 
 import httpx
 import pytest
@@ -40,11 +41,21 @@ async def _flood_then(base_url: str, redis_url: str, flood_key: str, flood_band:
         flood = [asyncio.create_task(_completion(client, flood_key, flood_band, f"flood {i} {'x' * (i % 7)}"))
                  for i in range(FLOOD)]
         # send the late requests once half the flood waits in the global queue (observed in Redis)
-        while sum(band["queued"] for band in (await asyncio.to_thread(snapshot, redis_url))["bands"]) < FLOOD // 2:
-            await asyncio.sleep(0.05)
+        await _until_backlog(redis_url, flood, FLOOD // 2)
         late = [await _completion(client, late_key, late_band, f"late {i}") for i in range(3)]
         flood_done = await asyncio.gather(*flood)
     return flood_done, late
+
+
+async def _until_backlog(redis_url: str, flood: list[asyncio.Task], tickets: int, timeout_s: float = 120) -> None:
+    """Wait until ``tickets`` wait in the global queue; fail at once if a flood request failed or all ended."""
+    deadline = time.monotonic() + timeout_s
+    while sum(band["queued"] for band in (await asyncio.to_thread(snapshot, redis_url))["bands"]) < tickets:
+        for task in (t for t in flood if t.done()):
+            task.result()  # re-raises a flood request's failure (its status and body)
+        assert not all(t.done() for t in flood), f"the whole flood was served before {tickets} of it queued"
+        assert time.monotonic() < deadline, f"fewer than {tickets} tickets queued after {timeout_s} s"
+        await asyncio.sleep(0.05)
 
 
 def _client_served(tenant_responses: dict[str, list[httpx.Response]]) -> dict[str, int]:
