@@ -35,7 +35,12 @@ def _bind_pool(pool: PoolConfig, config: AppConfig) -> Application:
     routing = {}
     if config.queue.enabled:  # placement is the global queue's; the router only honours its grants
         routing["request_router_config"] = RequestRouterConfig(request_router_class="gateway.routing:GrantRouter")
-    deployment = serve.deployment(VLLMReplica).options(
+    replica_class, extra = VLLMReplica, {}
+    if config.model.simulated:
+        from replicas.sim_replica import SimReplica
+
+        replica_class, extra = SimReplica, {"cost_model": config.model.simulated}
+    deployment = serve.deployment(replica_class).options(
         name=f"vllm-{pool.name}",
         num_replicas=pool.num_replicas,
         max_ongoing_requests=pool.max_ongoing_requests,
@@ -55,6 +60,7 @@ def _bind_pool(pool: PoolConfig, config: AppConfig) -> Application:
         config.pool_accepts(pool),
         pool.prefers,
         config.metrics.publish_interval_s,
+        **extra,
     )
 
 

@@ -7,6 +7,7 @@ them with :class:`AppConfig` before any deployment starts, so a typo fails at on
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -25,6 +26,9 @@ class ModelSource(BaseModel):
     build_tiny_model: bool = Field(
         False, description="Build the tiny random-weight local model at `path` if it is not there yet."
     )
+    simulated: Literal["cpu-tiny", "gpu-h100-llama3-8b"] | None = Field(
+        None, description="Replace vLLM by the simulated engine with this cost model (replicas/sim_engine.py: "
+        "cpu-tiny, gpu-h100-llama3-8b); the model's tokenizer is still used. For benchmarks at fleet scale.")
 
 
 class PoolConfig(BaseModel):

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh machine, sourced by serve-local.sh and test.sh:
 # a virtual environment in .venv, the project with its pinned dependencies, and the tiny local model.
-#   FLEETGATE_EXTRAS  pip extras to install (default "cpu,test"; a GPU machine uses "gpu,test")
+#   FLEETGATE_EXTRAS  pip extras to install (default "cpu,test,bench"; a GPU machine uses "gpu,test,bench")
 #   PYTHON            interpreter for the venv (default python3; 3.11 or 3.12)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 VENV="${VENV:-$ROOT/.venv}"
-EXTRAS="${FLEETGATE_EXTRAS:-cpu,test}"
+EXTRAS="${FLEETGATE_EXTRAS:-cpu,test,bench}"
 STAMP="$VENV/.fleetgate-installed"
 WANT="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16) $EXTRAS"
 

@@ -33,6 +33,7 @@ class RedisProcess:
     """A redis-server that keeps nothing on disk, on a fixed port: start, stop (as a crash would), start again."""
 
     def __init__(self, work_dir: Path, port: int | None = None, password: str | None = None) -> None:
+        work_dir.mkdir(parents=True, exist_ok=True)
         self.port = port or _free_port()
         self._password = password
         self._command = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",

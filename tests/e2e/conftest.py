@@ -17,7 +17,7 @@ from gateway.cli import main as fleetgate
 from gateway.queue.keys import QueueKeys
 from gateway.tenants import hash_key
 from tests.conftest import REPO_ROOT, TINY_MODEL_NAME
-from tests.e2e.deployment import serve_run
+from bench.serve_launcher import serve_run
 from tests.ledger import snapshot
 
 SLOTS_PER_REPLICA = 4

@@ -22,7 +22,7 @@ import redis
 from gateway.queue.keys import QueueKeys
 from gateway.queue.local_redis import RedisProcess
 from tests.conftest import REPO_ROOT
-from tests.e2e.deployment import serve_run
+from bench.serve_launcher import serve_run
 from tests.ledger import snapshot
 
 GATEWAYS = 2

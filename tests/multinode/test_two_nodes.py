@@ -19,7 +19,7 @@ import pytest
 
 from gateway.queue.local_redis import running_redis
 from tests.conftest import REPO_ROOT, TINY_MODEL_NAME
-from tests.e2e.deployment import free_port, serve_run
+from bench.serve_launcher import free_port, serve_run
 from tests.ledger import assert_ledger_balanced, snapshot
 
 pytestmark = pytest.mark.multinode

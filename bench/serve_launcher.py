@@ -1,4 +1,4 @@
-"""Bring up the `serve run` deployment of deploy/local.yaml on a free port, as a user would run it."""
+"""Bring up a `serve run` deployment on a free port, as a user would run it (the e2e tests and `python -m bench live`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from tests.conftest import REPO_ROOT
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 START_TIMEOUT_S = 420
 

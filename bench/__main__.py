@@ -1,0 +1,194 @@
+"""``python -m bench``: run the scenarios against the four systems and write the report.
+
+    python -m bench sim  [--profile cpu-tiny|gpu-h100-llama3-8b] [--replicas N] [--rate-scale X] ...
+    python -m bench live [--systems baseline,...] ...        (real vLLM behind `serve run`, this machine)
+
+Both run every scenario on every system back to back from the same seeded workload (fresh prompts), plus
+reference runs without the tenants a scenario names (``reference_without``), and write results.json,
+summary.md and PNG plots into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.metrics import RequestRecord, summarise
+from bench.systems import SYSTEMS
+from bench.workload import PlannedRequest, Scenario, generate
+
+SCENARIOS = Path(__file__).parent / "scenarios"
+REFERENCE_SYSTEMS = ("baseline", "gateway")
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="mode", required=True)
+    for mode in ("sim", "live"):
+        p = sub.add_parser(mode)
+        p.add_argument("--scenarios", nargs="+", default=sorted(str(s) for s in SCENARIOS.glob("*.yaml")))
+        p.add_argument("--systems", default=",".join(SYSTEMS))
+        p.add_argument("--rate-scale", type=float, default=1.0, help="multiply every arrival rate")
+        p.add_argument("--duration-scale", type=float, default=1.0, help="stretch every scenario")
+        p.add_argument("--out", type=Path, default=Path(f"bench/results/{mode}"))
+        p.add_argument("--no-references", action="store_true", help="skip the runs without the named tenants")
+    sim = sub.choices["sim"]
+    sim.add_argument("--profile", default="cpu-tiny", help="cpu-tiny or gpu-h100-llama3-8b")
+    sim.add_argument("--replicas", type=int, default=2)
+    sim.add_argument("--context-tokens", type=int, default=None, help="model context (default: the scenario's)")
+    sim.add_argument("--queue-overhead-ms", type=float, default=None, help="per-grant overhead (default: measured)")
+    live = sub.choices["live"]
+    live.add_argument("--config", type=Path, default=Path("deploy/local.yaml"))
+    live.add_argument("--max-in-flight", type=int, default=512, help="client connection cap")
+    live.add_argument("--simulated", default=None, help="run the gateway on simulated replicas of this profile")
+    live.add_argument("--replicas", type=int, default=16, help="with --simulated: replicas in the fleet")
+    return parser.parse_args(argv)
+
+
+def _runs(scenario: Scenario, systems: list[str], references: bool) -> list[tuple[str, str, list[str]]]:
+    """(label, system, tenants left out) for one scenario."""
+    runs = [(system, system, []) for system in systems]
+    if references and scenario.reference_without:
+        without = scenario.reference_without
+        runs += [(f"{system} without {'+'.join(without)}", system, without)
+                 for system in REFERENCE_SYSTEMS if system in systems]
+    return runs
+
+
+def ratios(results: dict[str, Any]) -> list[str]:
+    """The headline ratios the issue asks for, from whatever runs are present."""
+    lines = []
+
+    def figure(scenario: str, system: str, band: str | None, key: str) -> float | None:
+        summary = results["scenarios"].get(scenario, {}).get("systems", {}).get(system)
+        if summary is None:
+            return None
+        group = summary["overall"] if band is None else summary["bands"].get(band)
+        return None if group is None else group.get(key)
+
+    for system in REFERENCE_SYSTEMS:
+        loaded = figure("overload", system, "interactive", "ttft_p99_s")
+        alone = figure("overload", f"{system} without bulk", "interactive", "ttft_p99_s")
+        if loaded and alone:
+            lines.append(f"overload, {system}: interactive P99 TTFT {loaded:.3f} s vs {alone:.3f} s without the "
+                         f"batch tenant = {loaded / alone:.1f}x")
+        for key, what in (("itl_p99_s", "P99 inter-token gap"), ("stall_p99_s", "P99 worst gap per stream")):
+            loaded = figure("long-prompts", system, "interactive", key)
+            alone = figure("long-prompts", f"{system} without documents", "interactive", key)
+            if loaded and alone:
+                lines.append(f"long-prompts, {system}: {what} of the streams {loaded * 1000:.1f} ms vs "
+                             f"{alone * 1000:.1f} ms without the long prompts = {loaded / alone:.2f}x")
+    base, ours = figure("overload", "baseline", "interactive", "ttft_p99_s"), figure(
+        "overload", "gateway", "interactive", "ttft_p99_s")
+    if base and ours:
+        lines.append(f"overload: interactive P99 TTFT baseline / gateway = {base / ours:.1f}x")
+    for key, what in (("itl_p99_s", "P99 inter-token gap"), ("stall_p99_s", "P99 worst gap per stream")):
+        base, ours = figure("long-prompts", "baseline", "interactive", key), figure(
+            "long-prompts", "gateway", "interactive", key)
+        if base and ours:
+            lines.append(f"long-prompts: streams' {what} baseline / gateway = {base / ours:.1f}x")
+    for system in SYSTEMS:
+        fair = results["scenarios"].get("burst", {}).get("systems", {}).get(system, {}).get("fairness")
+        steady = figure("burst", system, "standard", "ttft_p99_s")
+        if fair and fair["jain_min"] is not None:
+            lines.append(f"burst, {system}: Jain min {fair['jain_min']:.2f}, mean {fair['jain_mean']:.2f}, largest "
+                         f"weighted service gap {fair['max_weighted_gap_tokens']:.0f} tokens, standard P99 TTFT "
+                         f"{steady:.2f} s")
+    base, ours = (figure("steady", "baseline", "interactive", "ttft_p50_s"),
+                  figure("steady", "gateway", "interactive", "ttft_p50_s"))
+    if base is not None and ours is not None:
+        lines.append(f"steady: interactive P50 TTFT gateway - baseline = {(ours - base) * 1000:+.1f} ms")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and write its report."""
+    from tqdm import tqdm
+
+    from bench import report
+
+    args = _arguments(argv)
+    systems = [s for s in args.systems.split(",") if s]
+    unknown = set(systems) - set(SYSTEMS)
+    if unknown:
+        raise SystemExit(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS}")
+    scenarios = [Scenario.load(path) for path in args.scenarios]
+    context = getattr(args, "context_tokens", None)
+    if args.mode == "live" and args.simulated:
+        context = 16384  # the production context the profile's pools are sized for
+    workloads = {s.name: generate(s, args.rate_scale, args.duration_scale, context) for s in scenarios}
+    plan = [(s, label, system, without) for s in scenarios
+            for label, system, without in _runs(s, systems, not args.no_references)]
+    if args.mode == "live":  # one deployment per system: run all its scenarios before switching
+        plan.sort(key=lambda run: SYSTEMS.index(run[2]))
+    total = sum(len([r for r in workloads[s.name] if r.tenant not in without]) for s, _, _, without in plan)
+    runner = _sim_runner(args) if args.mode == "sim" else _live_runner(args)
+    results: dict[str, Any] = {"meta": {
+        "mode": args.mode, "where": runner.where, "note": runner.note,
+        "command": "python -m bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
+        "started": datetime.datetime.now().isoformat(timespec="seconds")}, "scenarios": {}}
+    records: dict[str, dict[str, list[RequestRecord]]] = {}
+    with tqdm(total=total, unit="req", desc=args.mode, dynamic_ncols=True) as bar:
+        try:
+            for scenario, label, system, without in plan:
+                workload = [r for r in workloads[scenario.name] if r.tenant not in without]
+                bar.set_postfix_str(f"{scenario.name} / {label}")
+                got = runner.run(system, scenario, workload, bar.update)
+                entry = results["scenarios"].setdefault(scenario.name, {
+                    "description": scenario.description, "requests": len(workloads[scenario.name]),
+                    "duration_s": scenario.duration_s * args.duration_scale, "systems": {}})
+                entry["systems"][label] = summarise(got, scenario.slo, scenario.fairness_window_s)
+                if not without:
+                    records.setdefault(scenario.name, {})[label] = got
+                args.out.mkdir(parents=True, exist_ok=True)  # what has run so far survives a later failure
+                (args.out / "results.json").write_text(json.dumps(results, indent=1))
+        finally:
+            runner.close()
+    results["ratios"] = ratios(results)
+    summary = report.write(args.out, results, records)
+    print(summary.read_text())
+    print(f"report: {summary}")
+    return 0
+
+
+class _SimRunner:
+    def __init__(self, args: argparse.Namespace) -> None:
+        from bench.systems import PROFILES, build_systems
+        from replicas.sim_engine import COST_MODELS
+
+        profile = PROFILES[args.profile]
+        self.cost = COST_MODELS[profile.cost_model]
+        self.systems = build_systems(args.profile, args.replicas)
+        if args.queue_overhead_ms is not None:
+            self.systems["gateway"] = self.systems["gateway"].model_copy(
+                update={"queue_overhead_s": args.queue_overhead_ms / 1000})
+        self.where = f"discrete-event simulation, {args.replicas} replicas, profile {args.profile}"
+        self.note = f"cost model: {self.cost.source}"
+
+    def run(self, system: str, scenario: Scenario, workload: list[PlannedRequest], progress) -> list[RequestRecord]:
+        from bench.des import simulate
+
+        return simulate(self.systems[system], self.cost, workload, seed=scenario.seed, progress=progress)
+
+    def close(self) -> None:
+        pass
+
+
+def _sim_runner(args: argparse.Namespace) -> _SimRunner:
+    return _SimRunner(args)
+
+
+def _live_runner(args: argparse.Namespace):
+    from bench.live import LiveRunner
+
+    return LiveRunner(args.config, args.max_in_flight, args.out, args.simulated, args.replicas)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,34 @@
+"""Baseline (a)/(b): Ray Serve LLM (``ray.serve.llm.build_openai_app``) with its default router and vLLM's
+defaults, as a user would deploy it; ``import_path: bench.baselines:ray_serve_llm_app`` in
+bench/deploy/ray-serve-llm.yaml. Needs ``ray[serve]`` plus pyarrow, pandas, jsonref and hf_transfer (the
+``bench`` extra), never the ``ray[llm]`` extra (it pins the CUDA vLLM).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ray.serve import Application
+
+
+def ray_serve_llm_app(args: dict[str, Any]) -> Application:
+    """An OpenAI app of ``args['replicas']`` LLMServer replicas of the model at ``args['model_path']``.
+
+    ``engine_kwargs`` go to vLLM unchanged (the baseline passes only what the CPU needs: a KV cache size,
+    eager mode for start-up time, the context; the priority baseline adds ``scheduling_policy: priority``).
+    On a machine without GPUs the replicas get CPU placement bundles.
+    """
+    from ray.serve.llm import LLMConfig, build_openai_app
+
+    model_path = os.path.abspath(args["model_path"])
+    cpus = float(args.get("num_cpus", 0.5))
+    config = LLMConfig(
+        model_loading_config={"model_id": args["model_name"], "model_source": model_path},
+        deployment_config={"num_replicas": int(args.get("replicas", 2))},
+        engine_kwargs=dict(args.get("engine_kwargs") or {}),
+        placement_group_config=args.get("placement_group_config") or {"bundles": [{"CPU": cpus}]},
+        runtime_env={"env_vars": {k: str(v) for k, v in (args.get("env") or {}).items()}},
+    )
+    ingress = {"ray_actor_options": {"num_cpus": float(args.get("ingress_num_cpus", 0.1))}}
+    return build_openai_app({"llm_configs": [config], "ingress_deployment_config": ingress})

@@ -1,0 +1,74 @@
+"""The benchmark's load client: open loop, streaming, one aiohttp session.
+
+Each planned request is sent at its planned time (not when an earlier one returns), streamed with
+``stream: true``, and the arrival time of every SSE chunk that carries output is recorded; the first is the
+TTFT, the gaps between them the inter-token latency. Prompts are fresh random token ids of the planned
+length (no prefix-cache hits), ``max_tokens`` the planned output with ``ignore_eos``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Callable
+
+import aiohttp
+
+from bench.metrics import RequestRecord
+from bench.workload import PlannedRequest
+
+Shaper = Callable[[PlannedRequest], tuple[dict, dict]]
+
+
+async def drive(base_url: str, model: str, workload: list[PlannedRequest], vocab: int, shape: Shaper,
+                progress: Callable[[int], None], max_in_flight: int = 512,
+                timeout_s: float = 900) -> list[RequestRecord]:
+    """Send ``workload`` to ``base_url``/v1/completions; one record per request, in workload order."""
+    rng = random.Random(hash((base_url, len(workload))))
+    prompts = {r.request_id: [rng.randrange(16, vocab) for _ in range(r.prompt_tokens)] for r in workload}
+    connector = aiohttp.TCPConnector(limit=max_in_flight)
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(base_url, connector=connector, timeout=timeout) as session:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+
+        async def one(request: PlannedRequest) -> RequestRecord:
+            await asyncio.sleep(max(0.0, start + request.send_s - loop.time()))
+            record = RequestRecord.planned(request)
+            record.send_s = loop.time() - start
+            extra_body, headers = shape(request)
+            body = {"model": model, "prompt": prompts.pop(request.request_id), "max_tokens": request.output_tokens,
+                    "ignore_eos": True, "stream": True, "temperature": 0, **extra_body}
+            try:
+                await _stream(session, body, headers, record, lambda: loop.time() - start)
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                record.status, record.error = record.status or 0, type(exc).__name__
+                record.end_s = loop.time() - start
+            progress(1)
+            return record
+
+        return list(await asyncio.gather(*(one(r) for r in workload)))
+
+
+async def _stream(session: aiohttp.ClientSession, body: dict, headers: dict, record: RequestRecord,
+                  clock: Callable[[], float]) -> None:
+    async with session.post("/v1/completions", json=body, headers=headers) as response:
+        record.status = response.status
+        if response.status != 200:
+            record.error = (await response.text())[:300]
+            record.end_s = clock()
+            return
+        async for line in response.content:
+            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                continue
+            now = clock()
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                record.status, record.error = 500, str(chunk["error"])[:300]
+                break
+            if chunk.get("choices"):
+                if record.first_token_s is None:
+                    record.first_token_s = now
+                record.token_s.append(now)
+        record.end_s = clock()

@@ -1,0 +1,173 @@
+"""``python -m bench live``: the four systems as real `serve run` deployments on this machine, driven by an
+open-loop streaming client.
+
+* baseline / baseline-priority: Ray Serve LLM (bench/deploy/ray-serve-llm.yaml), the latter with vLLM's
+  priority scheduling and each request's band sent as its body ``priority``;
+* no-queue / gateway: deploy/local.yaml (the gateway's two pools), without and with the global queue;
+  tenants and bands travel as ``x-tenant-id`` and ``x-priority`` (local anonymous mode, no tenants file).
+
+The client (bench/client.py) sends every request at its planned time whatever the server's state, streams
+it and records the arrival time of every chunk. Prompts are fresh random token ids of the planned length.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+
+from bench.client import drive
+from bench.metrics import RequestRecord
+from bench.serve_launcher import REPO_ROOT, serve_run
+from bench.systems import BAND_PRIORITY
+from bench.workload import PlannedRequest, Scenario
+
+MODEL_NAME = "tiny-llama"
+MODEL_PATH = REPO_ROOT / ".cache" / "models" / "tiny-llama"
+
+
+class LiveRunner:
+    """Keeps one system's deployment up while its scenarios run; switches when the system changes."""
+
+    where = "this machine (2 cores): real vLLM CPU, tiny model, 2 replicas, `serve run`"
+    note = "client: bench/client.py (aiohttp, open loop, one process)"
+
+    def __init__(self, config: Path, max_in_flight: int, out_dir: Path, simulated: str | None = None,
+                 replicas: int = 16) -> None:
+        self._simulated = simulated
+        self._replicas = replicas
+        if simulated is not None:
+            self.where = (f"this machine: the gateway under `serve run` in front of {replicas} simulated replicas "
+                          f"(replicas/sim_replica.py, profile {simulated})")
+        self._config = config
+        self._out_dir = out_dir
+        self._max_in_flight = max_in_flight
+        self._system: str | None = None
+        self._stack = contextlib.ExitStack()
+        self._base_url = ""
+        from transformers import AutoTokenizer
+
+        self._vocab = len(AutoTokenizer.from_pretrained(MODEL_PATH))  # prompts are random ids below it
+
+    def run(self, system: str, scenario: Scenario, workload: list[PlannedRequest],
+            progress: Callable[[int], None]) -> list[RequestRecord]:
+        """Run ``workload`` against ``system`` (bringing its deployment up if another one runs)."""
+        if system != self._system:
+            self.start(system)
+        return asyncio.run(drive(self._base_url, MODEL_NAME, workload, self._vocab, _shaper(system), progress,
+                                 self._max_in_flight))
+
+    def start(self, system: str) -> None:
+        """Bring ``system`` up (stopping the one running), warmed and ready."""
+        self.close()
+        engines_before = _vllm_orphans()
+        self._stack.callback(lambda: _kill_new_orphans(engines_before))
+        work = self._out_dir / "deployments" / system  # its config copy and `serve run` log stay for reading
+        work.mkdir(parents=True, exist_ok=True)
+        if system.startswith("baseline") and self._simulated is None:
+            def edit(args: dict) -> None:
+                if system == "baseline-priority":
+                    args["engine_kwargs"]["scheduling_policy"] = "priority"
+            config, env = REPO_ROOT / "bench" / "deploy" / "ray-serve-llm.yaml", {}
+        else:
+            from gateway.queue.local_redis import running_redis
+
+            redis_url = self._stack.enter_context(running_redis(work / "redis"))
+
+            def edit(args: dict) -> None:
+                args["access"] = {"allow_anonymous": True, "trust_tenant_header": True}
+                args["queue"]["enabled"] = system == "gateway"
+                args["queue"]["redis_url"] = redis_url
+                if self._simulated is not None:
+                    _simulated_fleet(args, system, self._simulated, self._replicas)
+            config, env = self._config, {"REDIS_URL": redis_url}
+        self._base_url = self._stack.enter_context(serve_run(config, work, env=env, edit=edit))
+        _warm_up(self._base_url)
+        self._system = system
+
+    @property
+    def base_url(self) -> str:
+        """The running system's URL."""
+        return self._base_url
+
+    @property
+    def vocab(self) -> int:
+        """The model's vocabulary size (random prompt ids stay below it)."""
+        return self._vocab
+
+    def close(self) -> None:
+        """Stop the running deployment (and any vLLM engine process it left orphaned)."""
+        self._stack.close()
+        self._stack = contextlib.ExitStack()
+        self._system = None
+
+
+def _vllm_orphans() -> set[int]:
+    """vLLM engine processes whose parent is gone (a stopped `serve run` can leave them; see README)."""
+    import subprocess
+
+    listing = subprocess.run(["ps", "-eo", "pid=,ppid=,comm="], capture_output=True, text=True).stdout
+    return {int(pid) for pid, ppid, comm in (line.split(None, 2) for line in listing.splitlines())
+            if ppid == "1" and comm.startswith("VLLM::")}
+
+
+def _kill_new_orphans(before: set[int]) -> None:
+    import os
+    import signal
+    import time
+
+    time.sleep(2)
+    for pid in _vllm_orphans() - before:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _simulated_fleet(args: dict, system: str, profile_name: str, replicas: int) -> None:
+    """Edit the gateway's app args into ``system`` on simulated replicas: the baselines become one pool
+    with vLLM's defaults behind the gateway's no-queue path (Ray Serve LLM cannot run a simulated engine)."""
+    from bench.systems import build_systems
+
+    spec = build_systems(profile_name, replicas)[system]
+    args["model"]["simulated"] = profile_name
+    args["gateway"].update({"num_replicas": 2, "num_cpus": 0.1})
+    args["pools"] = [{
+        "name": pool.name, "num_replicas": pool.replicas, "num_cpus": 0.02, "max_ongoing_requests": 4096,
+        "accepts": pool.accepts, "prefers": pool.prefers,
+        "engine": {"max_num_batched_tokens": pool.engine.max_num_batched_tokens,
+                   "max_num_seqs": pool.engine.max_num_seqs,
+                   "long_prefill_token_threshold": pool.engine.long_prefill_token_threshold,
+                   "scheduling_policy": pool.engine.scheduling_policy},
+    } for pool in spec.pools]
+    args["queue"]["length_classes"] = [{"name": "short", "max_prompt_tokens": spec.short_prompt_tokens},
+                                       {"name": "long"}]
+
+
+def _warm_up(base_url: str, timeout_s: float = 600) -> None:
+    """Wait until completions succeed (a /v1/models answer can come before every engine is up), then warm
+    every replica with a few concurrent requests, so no scenario measures a start-up."""
+    import concurrent.futures
+    import time
+
+    import httpx
+
+    body = {"model": MODEL_NAME, "prompt": [17, 18, 19], "max_tokens": 2}
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(base_url=base_url, timeout=60) as client:
+        while client.post("/v1/completions", json=body).status_code != 200:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{base_url} never answered a completion")
+            time.sleep(2)
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            codes = list(pool.map(lambda _: client.post("/v1/completions", json=body).status_code, range(16)))
+    if set(codes) != {200}:
+        raise RuntimeError(f"warm-up answers {codes}")
+
+
+def _shaper(system: str) -> Callable[[PlannedRequest], tuple[dict, dict]]:
+    """What each system is told about a request: (extra body fields, headers)."""
+    if system == "baseline":
+        return lambda request: ({}, {})
+    if system == "baseline-priority":
+        return lambda request: ({"priority": BAND_PRIORITY.get(request.band, 1)}, {})
+    return lambda request: ({}, {"x-tenant-id": request.tenant, "x-priority": request.band})

@@ -1,0 +1,147 @@
+"""The benchmark report: results JSON, a Markdown summary and PNG plots per scenario.
+
+Plots (matplotlib, the ``bench`` extra): TTFT CDF per band and system; interactive TTFT over the run (how
+the tail grows during overload); weighted service per tenant over time (fairness at a glance).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from bench.metrics import RequestRecord
+
+COLUMNS = [  # (header, band or None for overall, key, scale, format)
+    ("interactive TTFT p50 (s)", "interactive", "ttft_p50_s", 1, "{:.3f}"),
+    ("interactive TTFT p99 (s)", "interactive", "ttft_p99_s", 1, "{:.3f}"),
+    ("standard TTFT p99 (s)", "standard", "ttft_p99_s", 1, "{:.3f}"),
+    ("batch TTFT p99 (s)", "batch", "ttft_p99_s", 1, "{:.2f}"),
+    ("ITL p99 (ms)", None, "itl_p99_s", 1000, "{:.1f}"),
+    ("interactive ITL p99 (ms)", "interactive", "itl_p99_s", 1000, "{:.1f}"),
+    ("interactive worst gap p99 (ms)", "interactive", "stall_p99_s", 1000, "{:.0f}"),
+    ("goodput (req/s)", None, "goodput_rps", 1, "{:.2f}"),
+    ("SLO met", None, "slo_attainment", 100, "{:.0f}%"),
+]
+
+
+def _cell(summary: dict, band: str | None, key: str, scale: float, fmt: str) -> str:
+    group = summary["overall"] if band is None else summary["bands"].get(band)
+    value = None if group is None else group.get(key)
+    return "–" if value is None else fmt.format(value * scale)
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The summary tables (one per scenario) and the headline ratios."""
+    meta = results["meta"]
+    lines = [f"# Benchmark: {meta['mode']} ({meta['where']})", "",
+             f"Command: `{meta['command']}`", "", f"Started {meta['started']}; {meta['note']}", ""]
+    for name, scenario in results["scenarios"].items():
+        lines += [f"## {name}", "", scenario["description"].strip(), "",
+                  f"{scenario['requests']} requests over {scenario['duration_s']:.0f} s.", ""]
+        headers = ["system"] + [c[0] for c in COLUMNS] + ["rejected", "Jain min", "max weighted gap (tok)"]
+        lines += ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+        for system, summary in scenario["systems"].items():
+            fair = summary["fairness"]
+            rejected = sum(summary["overall"]["rejected"].values())
+            row = [system] + [_cell(summary, *c[1:]) for c in COLUMNS] + [
+                str(rejected), "–" if fair["jain_min"] is None else f"{fair['jain_min']:.2f}",
+                f"{fair['max_weighted_gap_tokens']:.0f}"]
+            lines.append("| " + " | ".join(row) + " |")
+        tenants = sorted({t for summary in scenario["systems"].values() for t in summary["tenants"]})
+        lines += ["", "TTFT p50 / p99 (s) per tenant:", "",
+                  "| system | " + " | ".join(tenants) + " |", "|" + "---|" * (len(tenants) + 1)]
+        for system, summary in scenario["systems"].items():
+            cells = []
+            for tenant in tenants:
+                group = summary["tenants"].get(tenant)
+                p50, p99 = (group or {}).get("ttft_p50_s"), (group or {}).get("ttft_p99_s")
+                cells.append("–" if p50 is None else f"{p50:.2f} / {p99:.2f}")
+            lines.append(f"| {system} | " + " | ".join(cells) + " |")
+        lines += ["", f"![TTFT CDF]({name}-ttft-cdf.png) ![TTFT over time]({name}-ttft-over-time.png) "
+                      f"![service]({name}-service.png)", ""]
+    if results.get("ratios"):
+        lines += ["## Ratios", ""] + [f"- {line}" for line in results["ratios"]] + [""]
+    return "\n".join(lines)
+
+
+def plots(out_dir: Path, name: str, records: dict[str, list[RequestRecord]]) -> list[Path]:
+    """Write the three PNGs of one scenario; returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    bands = sorted({r.band for rs in records.values() for r in rs},
+                   key=lambda b: {"interactive": 0, "standard": 1, "batch": 2}.get(b, 3))
+    fig, axes = plt.subplots(1, len(bands), figsize=(5 * len(bands), 3.6), squeeze=False)
+    for ax, band in zip(axes[0], bands):
+        for system, rs in records.items():
+            ttfts = sorted(r.ttft_s for r in rs if r.ok and r.band == band)
+            if ttfts:
+                ax.plot(ttfts, [(i + 1) / len(ttfts) for i in range(len(ttfts))], label=system)
+        ax.set_xscale("log")
+        ax.set_title(f"{name}: TTFT CDF, {band}")
+        ax.set_xlabel("TTFT (s)")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    written.append(_save(fig, out_dir / f"{name}-ttft-cdf.png"))
+
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    focus = bands[0]
+    for system, rs in records.items():
+        points = sorted((r.send_s, r.ttft_s) for r in rs if r.ok and r.band == focus)
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], ".", markersize=3, label=system)
+    ax.set_yscale("log")
+    ax.set_title(f"{name}: {focus} TTFT by send time")
+    ax.set_xlabel("send time (s)")
+    ax.set_ylabel("TTFT (s)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    written.append(_save(fig, out_dir / f"{name}-ttft-over-time.png"))
+
+    systems = list(records)
+    fig, axes = plt.subplots(1, len(systems), figsize=(4.2 * len(systems), 3.4), squeeze=False, sharey=True)
+    for ax, system in zip(axes[0], systems):
+        by_tenant: dict[str, list[tuple[float, float]]] = {}
+        for r in records[system]:
+            if r.token_s:
+                by_tenant.setdefault(r.tenant, []).append((r.token_s[0], (r.prompt_tokens + 1) / r.weight))
+                by_tenant[r.tenant].extend((t, 1 / r.weight) for t in r.token_s[1:])
+        for tenant, events in sorted(by_tenant.items()):
+            events.sort()
+            total, xs, ys = 0.0, [], []
+            for t, amount in events:
+                total += amount
+                xs.append(t)
+                ys.append(total)
+            ax.plot(xs, ys, label=tenant)
+        ax.set_title(system)
+        ax.set_xlabel("time (s)")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("weighted tokens served")
+    axes[0][0].legend(fontsize=7)
+    written.append(_save(fig, out_dir / f"{name}-service.png"))
+    return written
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+def write(out_dir: Path, results: dict[str, Any], records: dict[str, dict[str, list[RequestRecord]]]) -> Path:
+    """results.json, summary.md and the plots into ``out_dir``; returns the summary's path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1))
+    for name, by_system in records.items():
+        plots(out_dir, name, by_system)
+    summary = out_dir / "summary.md"
+    summary.write_text(markdown(results))
+    return summary

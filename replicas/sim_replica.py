@@ -1,0 +1,150 @@
+"""The simulated replica: the same Ray Serve face as :class:`replicas.deployment.VLLMReplica`, backed by
+:class:`replicas.sim_engine.SimEngine` stepping in real time (``asyncio.sleep`` for each step's modelled
+duration). The gateway, the global queue, placement and the metrics all run for real in front of it, so a
+fleet of 16-64 replicas and thousands of requests per second can be exercised on a machine with no GPU.
+
+It answers completions and chat completions in vLLM's OpenAI format (streamed or not) with placeholder
+text; prompt lengths are the token ids' count, or a rough 4 characters per token for text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from policies.types import ReplicaCapacity
+from replicas.capacity import CapacityRegistration
+from replicas.deployment import MISROUTED, Endpoint, ReplicaReply, _serve_replica_id
+from replicas.sim_engine import COST_MODELS, SimEngine, SimEngineSettings, SimRequest
+
+DEFAULT_OUTPUT_TOKENS = 16
+KV_TOKENS = 500_000
+
+
+class SimReplica:
+    """A simulated engine behind a Ray Serve replica (``model.simulated`` in the app config)."""
+
+    async def __init__(self, model_path: str, served_model_name: str, engine: dict[str, Any],
+                       cpu_binding: dict[str, Any] | None = None, cache_dir: str | None = None,
+                       queue: dict[str, Any] | None = None, pool: str = "default", accepts: list[str] | None = None,
+                       prefers: list[str] | None = None, metrics_interval_s: float = 2.0,
+                       cost_model: str = "gpu-h100-llama3-8b") -> None:
+        self._model = served_model_name
+        self._pool = pool
+        self.replica_id = _serve_replica_id()
+        settings = SimEngineSettings.model_validate(engine)
+        self._engine = SimEngine(settings, COST_MODELS[cost_model])
+        self._tokens: dict[str, asyncio.Queue[bool]] = {}
+        self._wake = asyncio.Event()
+        self._loop_task = asyncio.create_task(self._run_engine())
+        capacity = ReplicaCapacity(replica_id=self.replica_id, slots_total=settings.max_num_seqs,
+                                   tokens_total=KV_TOKENS, accepts=frozenset(accepts or ("short", "long")),
+                                   prefers=frozenset(prefers or ()), pool=pool)
+        self._registration = CapacityRegistration(queue, capacity) if queue else None
+        if self._registration is not None:
+            await self._registration.start()
+
+    async def _run_engine(self) -> None:
+        while True:
+            if not self._engine.has_work():
+                self._wake.clear()
+                await self._wake.wait()
+            plan = self._engine.plan_step()
+            if not plan.work:
+                continue
+            await asyncio.sleep(plan.duration_s)
+            outcome = self._engine.finish_step(plan)
+            for request in outcome.emitted:
+                queue = self._tokens.get(request.request_id)
+                if queue is not None:
+                    queue.put_nowait(request.finished)
+
+    async def generate(self, endpoint: Endpoint, body: dict[str, Any],
+                       granted_replica: str | None = None) -> AsyncIterator[dict[str, Any] | str]:
+        """Run one request on the simulated engine; the same messages as VLLMReplica.generate."""
+        if granted_replica is not None and granted_replica != self.replica_id:
+            yield ReplicaReply(status=MISROUTED).model_dump()
+            return
+        request_id = uuid.uuid4().hex
+        prompt = _prompt_tokens(endpoint, body)
+        output = int(body.get("max_tokens") or body.get("max_completion_tokens") or DEFAULT_OUTPUT_TOKENS)
+        tokens: asyncio.Queue[bool] = asyncio.Queue()
+        self._tokens[request_id] = tokens
+        self._engine.add(SimRequest(request_id, prompt, output, priority=int(body.get("priority") or 0),
+                                    arrival_s=time.monotonic()))
+        self._wake.set()
+        try:
+            if not body.get("stream"):
+                while not await tokens.get():
+                    pass
+                yield ReplicaReply(status=200, body=self._completion(endpoint, request_id, prompt, output)).model_dump()
+                return
+            yield ReplicaReply(status=200, stream=True).model_dump()
+            finished = False
+            while not finished:
+                finished = await tokens.get()
+                yield _sse(self._chunk(endpoint, request_id, finished))
+            if (body.get("stream_options") or {}).get("include_usage"):
+                yield _sse({"id": request_id, "object": "text_completion", "model": self._model, "choices": [],
+                            "usage": _usage(prompt, output)})
+            yield "data: [DONE]\n\n"
+        finally:
+            self._tokens.pop(request_id, None)
+            self._engine.abort(request_id)  # no-op when it finished; frees its slot when the client left
+
+    def _chunk(self, endpoint: Endpoint, request_id: str, finished: bool) -> dict[str, Any]:
+        reason = "length" if finished else None
+        if endpoint == "chat":
+            return {"id": request_id, "object": "chat.completion.chunk", "model": self._model,
+                    "choices": [{"index": 0, "delta": {"content": " tok"}, "finish_reason": reason}]}
+        return {"id": request_id, "object": "text_completion", "model": self._model,
+                "choices": [{"index": 0, "text": " tok", "finish_reason": reason}]}
+
+    def _completion(self, endpoint: Endpoint, request_id: str, prompt: int, output: int) -> dict[str, Any]:
+        text = " tok" * output
+        if endpoint == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+            kind = "chat.completion"
+        else:
+            choice, kind = {"index": 0, "text": text, "finish_reason": "length"}, "text_completion"
+        return {"id": request_id, "object": kind, "model": self._model, "choices": [choice],
+                "usage": _usage(prompt, output)}
+
+    async def models(self) -> dict[str, Any]:
+        """The served model, as vLLM lists it."""
+        return {"object": "list", "data": [{"id": self._model, "object": "model", "owned_by": "fleetgate-sim"}]}
+
+    async def stats(self) -> dict[str, int]:
+        """Engine load: requests running or waiting."""
+        return {"unfinished_requests": self._engine.unfinished}
+
+    async def capacity(self) -> dict[str, Any]:
+        """The capacity this replica registers with the global queue."""
+        return {"replica_id": self.replica_id, "slots_total": self._engine.settings.max_num_seqs,
+                "tokens_total": KV_TOKENS, "pool": self._pool}
+
+    async def check_health(self) -> None:
+        """Healthy while the engine loop runs."""
+        if self._loop_task.done():
+            raise RuntimeError("simulated engine loop stopped")
+
+
+def _prompt_tokens(endpoint: Endpoint, body: dict[str, Any]) -> int:
+    if endpoint == "chat":
+        return max(1, sum(len(str(m.get("content", ""))) for m in body.get("messages", [])) // 4)
+    prompt = body.get("prompt", "")
+    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        return max(1, len(prompt))
+    return max(1, len(str(prompt)) // 4)
+
+
+def _usage(prompt: int, output: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": output, "total_tokens": prompt + output}
+
+
+def _sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload)}\n\n"

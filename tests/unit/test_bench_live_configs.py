@@ -1,0 +1,38 @@
+"""The live benchmark's deployments are valid app configs: every system, real and simulated replicas."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench.live import _shaper, _simulated_fleet
+from bench.systems import SYSTEMS
+from bench.workload import PlannedRequest
+from gateway.config import AppConfig
+
+LOCAL = Path(__file__).parents[2] / "deploy" / "local.yaml"
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_simulated_fleet_config_is_valid(system: str) -> None:
+    args = copy.deepcopy(yaml.safe_load(LOCAL.read_text())["applications"][0]["args"])
+    _simulated_fleet(args, system, "gpu-h100-llama3-8b", 16)
+    config = AppConfig.model_validate(args)
+    assert config.model.simulated == "gpu-h100-llama3-8b"
+    assert sum(pool.num_replicas for pool in config.pools) == 16
+    one_pool = system.startswith("baseline")
+    assert len(config.pools) == (1 if one_pool else 2)
+    if one_pool:
+        policy = config.pools[0].engine.scheduling_policy
+        assert policy == ("priority" if system == "baseline-priority" else "fcfs")
+
+
+def test_each_system_is_told_what_it_understands() -> None:
+    request = PlannedRequest(request_id="r", tenant="t", weight=1, band="interactive", send_s=0, prompt_tokens=3,
+                             output_tokens=2)
+    assert _shaper("baseline")(request) == ({}, {})
+    assert _shaper("baseline-priority")(request) == ({"priority": 0}, {})
+    assert _shaper("gateway")(request) == ({}, {"x-tenant-id": "t", "x-priority": "interactive"})

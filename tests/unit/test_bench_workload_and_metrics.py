@@ -1,0 +1,68 @@
+"""Benchmark building blocks: the seeded workload generator and the figures computed from records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.metrics import RequestRecord, fairness, percentile, summarise
+from bench.workload import Scenario, generate
+
+SCENARIOS = sorted((Path(__file__).parents[2] / "bench" / "scenarios").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_every_shipped_scenario_is_valid_and_reproducible(path: Path) -> None:
+    scenario = Scenario.load(path)
+    first, again = generate(scenario), generate(scenario)
+    assert first == again and first
+    assert all(r.prompt_tokens + r.output_tokens <= scenario.context_tokens for r in first)
+    assert [r.send_s for r in first] == sorted(r.send_s for r in first)
+    assert all(0 <= r.send_s < scenario.duration_s for r in first)
+    assert set(scenario.reference_without) <= {t.id for t in scenario.tenants}
+
+
+def test_rate_scale_and_context_scale_the_load() -> None:
+    scenario = Scenario.load(next(p for p in SCENARIOS if p.stem == "overload"))
+    base, double = generate(scenario), generate(scenario, rate_scale=2.0)
+    assert 1.7 < len(double) / len(base) < 2.3
+    longer = generate(scenario, context_tokens=4 * scenario.context_tokens)
+    bulk = [r.prompt_tokens for r in base if r.tenant == "bulk"]
+    bulk_long = [r.prompt_tokens for r in longer if r.tenant == "bulk"]
+    assert min(bulk_long) >= 4 * min(bulk) - 4
+
+
+def test_percentile_interpolates() -> None:
+    assert percentile([], 99) is None
+    assert percentile([1.0, 2.0, 3.0, 4.0, 5.0], 50) == 3.0
+    assert percentile([0.0, 10.0], 90) == pytest.approx(9.0)
+
+
+def _record(tenant: str, send: float, tokens: list[float], prompt: int = 9, band: str = "standard") -> RequestRecord:
+    record = RequestRecord(f"{tenant}-{send}", tenant, band, 1.0, prompt, len(tokens), send, status=200,
+                           first_token_s=tokens[0], token_s=tokens, end_s=tokens[-1])
+    return record
+
+
+def test_fairness_sees_an_even_and_an_uneven_share() -> None:
+    # two tenants backlogged from 0 to 10 s; each request served 10 tokens (prompt 9 + first token, no more)
+    even = [_record(t, 0.0, [s + 0.5]) for t in ("a", "b") for s in range(10)]
+    result = fairness(even, window_s=2.0, span_s=10.5)
+    assert result["jain_min"] == pytest.approx(1.0) and result["max_weighted_gap_tokens"] == 0
+    uneven = [_record("a", 0.0, [s + 0.5]) for s in range(10)] + [_record("b", 0.0, [10.5])]
+    result = fairness(uneven, window_s=2.0, span_s=11.0)
+    assert result["jain_min"] == pytest.approx(0.5)  # b got nothing while waiting
+    # windows [0,2) .. [6,8) have both waiting throughout: a got 2 requests x 10 tokens in each, b none
+    assert result["max_weighted_gap_tokens"] == pytest.approx(80)
+
+
+def test_summary_counts_goodput_and_rejections() -> None:
+    served = _record("a", 0.0, [0.2, 0.3, 0.4], band="interactive")
+    late = _record("a", 0.0, [3.0, 3.1], band="interactive")  # TTFT 3 s > the 1 s objective
+    rejected = RequestRecord("r", "a", "interactive", 1.0, 5, 5, 0.0, status=429, end_s=0.1)
+    summary = summarise([served, late, rejected], Scenario.load(SCENARIOS[0]).slo, window_s=1.0)
+    overall = summary["overall"]
+    assert overall["served"] == 2 and overall["rejected"] == {"429": 1}
+    assert overall["slo_attainment"] == pytest.approx(1 / 3)
+    assert summary["bands"]["interactive"]["ttft_p50_s"] == pytest.approx(1.6)
