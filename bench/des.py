@@ -163,7 +163,7 @@ class FleetSimulation:
                  for band in sorted(BAND_PRIORITY, key=BAND_PRIORITY.get)]
         self.scheduler = ReferenceScheduler(bands)
         for replica in self.replicas.values():
-            capacity = ReplicaCapacity(replica_id=replica.replica_id, slots_total=replica.pool.engine.max_num_seqs,
+            capacity = ReplicaCapacity(replica_id=replica.replica_id, slots_total=replica.pool.queue_slots or replica.pool.engine.max_num_seqs,
                                        tokens_total=replica.pool.kv_tokens, accepts=frozenset(replica.pool.accepts),
                                        prefers=frozenset(replica.pool.prefers), pool=replica.pool.name)
             self.scheduler.register_replica(capacity, 0, FOREVER_MS)

@@ -32,6 +32,7 @@ class PoolSpec(BaseModel):
     accepts: list[str] = Field(default_factory=lambda: ["short", "long"])
     prefers: list[str] = Field(default_factory=list)
     kv_tokens: int = Field(500_000, ge=1, description="KV cache size in tokens (the queue's token capacity).")
+    queue_slots: int | None = Field(None, ge=1, description="Grants at once per replica (None: max_num_seqs).")
 
 
 class SystemSpec(BaseModel):

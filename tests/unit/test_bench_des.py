@@ -61,7 +61,7 @@ def test_under_overload_the_gateway_keeps_interactive_ttft_below_the_baseline(ov
 
 def test_a_burst_does_not_take_the_steady_tenants_share_through_the_gateway() -> None:
     burst = Scenario.load(SCENARIOS / "burst.yaml")
-    workload = generate(burst, rate_scale=3.0)
+    workload = generate(burst, rate_scale=6.0)  # a backlog in the global queue: 32 grant slots per replica
     steady_p99 = {}
     for name in ("baseline", "gateway"):
         records = simulate(build_systems("cpu-tiny", 2)[name], CPU_TINY_MODEL, workload, seed=1)
