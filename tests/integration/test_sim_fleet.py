@@ -16,6 +16,7 @@ from tests.ledger import assert_ledger_balanced, snapshot
 
 pytestmark = pytest.mark.integration
 REPLICAS = 8
+NAMESPACE = "simfleet"  # the session's Redis may also hold the e2e deployment's queue (namespace "local")
 
 
 async def _burst(base_url: str, count: int) -> list[tuple[int, int, str]]:
@@ -35,9 +36,10 @@ def test_gateway_serves_a_burst_on_a_simulated_fleet(tmp_path: Path, redis_url: 
     def edit(args: dict) -> None:
         args["access"] = {"allow_anonymous": True, "trust_tenant_header": True}
         args["queue"]["redis_url"] = redis_url
+        args["queue"]["namespace"] = NAMESPACE
         _simulated_fleet(args, "gateway", "gpu-h100-llama3-8b", REPLICAS)
 
-    ready = lambda: len(snapshot(redis_url)["replicas"] or []) == REPLICAS  # noqa: E731
+    ready = lambda: len(snapshot(redis_url, NAMESPACE)["replicas"] or []) == REPLICAS  # noqa: E731
     with serve_run(REPO_ROOT / "deploy" / "local.yaml", tmp_path, env={"REDIS_URL": redis_url}, edit=edit,
                    ready=ready) as base_url:
         results = asyncio.run(_burst(base_url, 120))
@@ -45,4 +47,4 @@ def test_gateway_serves_a_burst_on_a_simulated_fleet(tmp_path: Path, redis_url: 
         assert all(chunks == 8 for _, chunks, _ in results)  # 8 tokens each, nothing cut
         pools = {pool for *_, pool in results}
         assert pools == {"latency", "throughput"}  # short prompts on one pool, 3000-token ones on the other
-        assert_ledger_balanced(redis_url, REPLICAS)
+        assert_ledger_balanced(redis_url, REPLICAS, namespace=NAMESPACE)
