@@ -21,6 +21,7 @@ from collections.abc import Callable
 from bench.metrics import RequestRecord
 from bench.systems import BAND_PRIORITY, PoolSpec, SystemSpec
 from bench.workload import PlannedRequest
+from policies.classification import LengthClasses
 from policies.reference_scheduler import ReferenceScheduler
 from policies.types import BandPolicy, ReplicaCapacity, TicketSpec
 from replicas.sim_engine import SimEngine, SimRequest, StepCostModel, StepPlan
@@ -57,6 +58,7 @@ class FleetSimulation:
         self._planned: dict[str, PlannedRequest] = {}
         self._where: dict[str, _Replica] = {}
         self.scheduler: ReferenceScheduler | None = None
+        self._classes = LengthClasses.from_bounds([("short", system.short_prompt_tokens), ("long", None)])
         self._progress: Callable[[int], None] | None = None
         if system.routing == "global-queue":
             self._start_queue()
@@ -86,7 +88,7 @@ class FleetSimulation:
     # ----- arrivals and routing -----
 
     def _length_class(self, request: PlannedRequest) -> str:
-        return "short" if request.prompt_tokens <= self.system.short_prompt_tokens else "long"
+        return self._classes.classify(request.prompt_tokens)
 
     def _arrive(self, request: PlannedRequest) -> None:
         record = self.records[request.request_id]

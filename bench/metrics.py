@@ -104,7 +104,7 @@ def latency_summary(records: list[RequestRecord], slo: Slo, span_s: float) -> di
     }
 
 
-def _service_events(records: Iterable[RequestRecord]) -> dict[str, list[tuple[float, float]]]:
+def service_events(records: Iterable[RequestRecord]) -> dict[str, list[tuple[float, float]]]:
     """(time, weighted tokens) per tenant: the prompt at the first token, then one per output chunk."""
     events: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for r in records:
@@ -141,7 +141,7 @@ def _covered(intervals: list[tuple[float, float]], a: float, b: float) -> bool:
 
 def fairness(records: list[RequestRecord], window_s: float, span_s: float) -> dict:
     """Jain's index over windows (backlogged tenants only) and the largest weighted service gap."""
-    events = _service_events(records)
+    events = service_events(records)
     waiting = _waiting_intervals(records)
     tenants = sorted(events)
     windows = max(1, math.ceil(span_s / window_s))

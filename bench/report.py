@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.metrics import RequestRecord
+from bench.metrics import RequestRecord, service_events
 
 COLUMNS = [  # (header, band or None for overall, key, scale, format)
     ("interactive TTFT p50 (s)", "interactive", "ttft_p50_s", 1, "{:.3f}"),
@@ -105,12 +105,7 @@ def plots(out_dir: Path, name: str, records: dict[str, list[RequestRecord]]) -> 
     systems = list(records)
     fig, axes = plt.subplots(1, len(systems), figsize=(4.2 * len(systems), 3.4), squeeze=False, sharey=True)
     for ax, system in zip(axes[0], systems):
-        by_tenant: dict[str, list[tuple[float, float]]] = {}
-        for r in records[system]:
-            if r.token_s:
-                by_tenant.setdefault(r.tenant, []).append((r.token_s[0], (r.prompt_tokens + 1) / r.weight))
-                by_tenant[r.tenant].extend((t, 1 / r.weight) for t in r.token_s[1:])
-        for tenant, events in sorted(by_tenant.items()):
+        for tenant, events in sorted(service_events(records[system]).items()):
             events.sort()
             total, xs, ys = 0.0, [], []
             for t, amount in events:
