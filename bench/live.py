@@ -134,10 +134,7 @@ def _simulated_fleet(args: dict, system: str, profile_name: str, replicas: int) 
     args["pools"] = [{
         "name": pool.name, "num_replicas": pool.replicas, "num_cpus": 0.02, "max_ongoing_requests": 4096,
         "accepts": pool.accepts, "prefers": pool.prefers,
-        "engine": {"max_num_batched_tokens": pool.engine.max_num_batched_tokens,
-                   "max_num_seqs": pool.engine.max_num_seqs,
-                   "long_prefill_token_threshold": pool.engine.long_prefill_token_threshold,
-                   "scheduling_policy": pool.engine.scheduling_policy},
+        "engine": pool.engine.model_dump(),
     } for pool in spec.pools]
     args["queue"]["length_classes"] = [{"name": "short", "max_prompt_tokens": spec.short_prompt_tokens},
                                        {"name": "long"}]

@@ -11,7 +11,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
+
+import yaml
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -72,27 +75,30 @@ class Profile(BaseModel):
     queue_overhead_s: float
 
 
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+QUEUE_OVERHEAD_S = 0.0065  # per grant: `python -m bench.queue_overhead`, 16 concurrent requests, p50
+
+
+def profile_from_deploy(config_file: str, cost_model: str, default_engine: SimEngineSettings,
+                        kv_tokens: int) -> Profile:
+    """A profile whose latency and throughput pools and length threshold are those of deploy/<config_file>,
+    so the simulator runs what `serve run` deploys; ``default_engine`` is vLLM's server default there."""
+    args = yaml.safe_load((DEPLOY / config_file).read_text())["applications"][0]["args"]
+    engines = {pool["name"]: SimEngineSettings.model_validate(pool["engine"]) for pool in args["pools"]}
+    return Profile(cost_model=cost_model, default_engine=default_engine, latency_engine=engines["latency"],
+                   throughput_engine=engines["throughput"],
+                   short_prompt_tokens=args["queue"]["length_classes"][0]["max_prompt_tokens"],
+                   kv_tokens=kv_tokens, queue_overhead_s=QUEUE_OVERHEAD_S)
+
+
 PROFILES = {
-    # deploy/local.yaml's pools; vLLM's CPU server defaults (2048 tokens, 128 sequences per step)
-    "cpu-tiny": Profile(
-        cost_model="cpu-tiny",
-        default_engine=SimEngineSettings(max_num_batched_tokens=2048, max_num_seqs=128),
-        latency_engine=SimEngineSettings(max_num_batched_tokens=128, max_num_seqs=32,
-                                         long_prefill_token_threshold=64, scheduling_policy="priority"),
-        throughput_engine=SimEngineSettings(max_num_batched_tokens=2048, max_num_seqs=32,
-                                            scheduling_policy="priority"),
-        short_prompt_tokens=512, kv_tokens=524_288, queue_overhead_s=0.0065,
-    ),
-    # deploy/gpu.yaml's pools; vLLM's server defaults on an H100/H200 (8192 tokens, 1024 sequences)
-    "gpu-h100-llama3-8b": Profile(
-        cost_model="gpu-h100-llama3-8b",
-        default_engine=SimEngineSettings(max_num_batched_tokens=8192, max_num_seqs=1024),
-        latency_engine=SimEngineSettings(max_num_batched_tokens=1024, max_num_seqs=256,
-                                         long_prefill_token_threshold=512, scheduling_policy="priority"),
-        throughput_engine=SimEngineSettings(max_num_batched_tokens=8192, max_num_seqs=256,
-                                            long_prefill_token_threshold=4096, scheduling_policy="priority"),
-        short_prompt_tokens=2048, kv_tokens=430_000, queue_overhead_s=0.0065,
-    ),
+    # vLLM's CPU server defaults: 2048 tokens, 128 sequences per step
+    "cpu-tiny": profile_from_deploy("local.yaml", "cpu-tiny",
+                                    SimEngineSettings(max_num_batched_tokens=2048, max_num_seqs=128), 524_288),
+    # vLLM's server defaults on an H100/H200: 8192 tokens, 1024 sequences
+    "gpu-h100-llama3-8b": profile_from_deploy("gpu.yaml", "gpu-h100-llama3-8b",
+                                              SimEngineSettings(max_num_batched_tokens=8192, max_num_seqs=1024),
+                                              430_000),
 }
 
 
