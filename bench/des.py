@@ -174,16 +174,16 @@ class FleetSimulation:
         spec = TicketSpec(ticket_id=request.request_id, tenant=request.tenant, band=request.band,
                           cost=request.prompt_tokens + request.output_tokens, weight=request.weight,
                           length_class=self._length_class(request))
-        admission, grants = self.scheduler.enqueue(spec, self._ms(), FOREVER_MS)
-        if not admission.admitted:
-            record.status, record.end_s, record.error = 429, self.now, admission.reason
+        result = self.scheduler.enqueue(spec, self._ms(), FOREVER_MS)
+        if not result.admitted:
+            record.status, record.end_s, record.error = 429, self.now, result.status
             self._ended()
         else:
             self.at(self.now + self.system.max_wait_s, lambda: self._give_up(request.request_id))
-        self._deliver(grants)
+        self._deliver(result.grants)
 
     def _give_up(self, ticket_id: str) -> None:
-        status, grants = self.scheduler.cancel(ticket_id, self._ms())
+        status, grants, *_ = self.scheduler.cancel(ticket_id, self._ms())
         if status == "cancelled":
             record = self.records[ticket_id]
             record.status, record.end_s, record.error = 429, self.now, "queue_timeout"

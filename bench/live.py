@@ -19,7 +19,7 @@ from pathlib import Path
 
 from bench.client import drive
 from bench.metrics import RequestRecord
-from bench.serve_launcher import REPO_ROOT, serve_run
+from tests.support.serve_launcher import REPO_ROOT, serve_run
 from bench.systems import BAND_PRIORITY
 from bench.workload import PlannedRequest, Scenario
 
@@ -71,7 +71,7 @@ class LiveRunner:
                     args["engine_kwargs"]["scheduling_policy"] = "priority"
             config, env = REPO_ROOT / "bench" / "deploy" / "ray-serve-llm.yaml", {}
         else:
-            from gateway.queue.local_redis import running_redis
+            from tests.support.local_redis import running_redis
 
             redis_url = self._stack.enter_context(running_redis(work / "redis"))
 

@@ -21,10 +21,10 @@ from pathlib import Path
 import redis
 import redis.asyncio as aioredis
 
-from gateway.queue.keys import QueueKeys
-from gateway.queue.local_redis import running_redis
-from gateway.queue.redis_queue import QueueSettings, RedisGlobalQueue
-from gateway.queue.session import QueueSession
+from fleet.keys import QueueKeys
+from tests.support.local_redis import running_redis
+from fleet.queue import GlobalQueue, QueueSettings
+from fleet.session import QueueSession
 from policies.types import BandPolicy, ReplicaCapacity, TicketSpec
 
 BANDS = (BandPolicy("interactive"), BandPolicy("standard", aging_ms=30_000), BandPolicy("batch", aging_ms=60_000))
@@ -36,13 +36,13 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 async def _setup(url: str, namespace: str, replicas: int = 16) -> None:
-    queue = RedisGlobalQueue(aioredis.Redis.from_url(url), QueueKeys(namespace=namespace), QueueSettings(BANDS))
+    queue = GlobalQueue(aioredis.Redis.from_url(url), QueueKeys(namespace=namespace), QueueSettings(BANDS))
     for index in range(replicas):
         await queue.register_replica(ReplicaCapacity(f"r{index:02d}", 4096, 10**9), lease_ms=3_600_000)
 
 
 def _session(url: str, namespace: str) -> QueueSession:
-    queue = RedisGlobalQueue(aioredis.Redis.from_url(url), QueueKeys(namespace=namespace), QueueSettings(BANDS))
+    queue = GlobalQueue(aioredis.Redis.from_url(url), QueueKeys(namespace=namespace), QueueSettings(BANDS))
     return QueueSession(queue, aioredis.Redis.from_url(url))
 
 

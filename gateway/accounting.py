@@ -1,18 +1,14 @@
-"""How a forwarded request ends: what it served, its latency metrics, and (through the queue) its ledger.
-
-:class:`RequestOutcome` is the end of every request: it watches a streamed reply (tokens served, when
-each chunk came), records the latency metrics and charges the served tokens once. With the global queue,
-:class:`gateway.admission.TicketAccounting` extends it: the grant's capacity goes back, the tenant's VTC
-counter and rate bucket are corrected to what was served, and a misrouted call is requeued.
-"""
+"""How a forwarded request ends: what it served (:class:`StreamUsage` watches a stream), its latency
+metrics, and its place given back with the tenant charged once (:class:`Settlement`)."""
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
-from gateway.errors import UpstreamUnavailable
+from gateway.admission import Admitted
 from gateway.metrics import GatewayMetrics
 
 
@@ -24,7 +20,8 @@ class StreamUsage:
     times of the chunks that carried output (the chat stream's opening role-only chunk is not one).
     """
 
-    def __init__(self, prompt_tokens: int, client_wants_usage: bool) -> None:
+    def __init__(self, prompt_tokens: int, client_wants_usage: bool, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self._prompt_tokens = prompt_tokens
         self._client_wants_usage = client_wants_usage
         self._chunks = 0
@@ -44,7 +41,7 @@ class StreamUsage:
                     return self._client_wants_usage
         self._chunks += 1
         if '"role":' not in line:
-            self.chunk_times.append(time.monotonic())
+            self.chunk_times.append(self._clock())
         return True
 
     @property
@@ -55,58 +52,31 @@ class StreamUsage:
         return self._prompt_tokens + self._chunks
 
 
-class RequestOutcome:
-    """The end of one forwarded request, without the global queue (see TicketAccounting for the queue)."""
+class Settlement:
+    """How one admitted request ends, exactly once: its latency metrics, then its place's release (capacity
+    back, the tenant charged ``served_tokens``). Every exit path of a request calls :meth:`settle`; only the
+    first call counts."""
 
-    def __init__(self, metrics: GatewayMetrics, tenant: str, band: str, arrived: float,
-                 headers: dict[str, str], prompt_tokens: int = 0, client_wants_usage: bool = True) -> None:
-        self.metrics, self.tenant, self.band, self.arrived = metrics, tenant, band, arrived
-        self._headers = headers
-        self._prompt_tokens, self._client_wants_usage = prompt_tokens, client_wants_usage
-        self._usage: StreamUsage | None = None
-        self._finished = False
+    def __init__(self, metrics: GatewayMetrics, tenant: str, band: str, arrived: float, place: Admitted,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._metrics, self._tenant, self._band, self._arrived = metrics, tenant, band, arrived
+        self._place, self._clock = place, clock
+        self._settled = False
 
-    def response_headers(self) -> dict[str, str]:
-        """Headers that tell the client how its request was classified (and queued)."""
-        return dict(self._headers)
-
-    def misrouted(self, header: dict[str, Any]) -> bool:
-        """True when the call reached a replica other than the granted one (only with the queue)."""
-        return False
-
-    async def retry(self) -> Any:
-        """Forward again after a misrouted call (only with the queue)."""
-        await self.failed()
-        raise UpstreamUnavailable("The request reached the wrong replica.")
-
-    def stream_usage(self) -> StreamUsage:
-        """The watcher of this request's stream (it also decides whether the usage chunk is shown)."""
-        self._usage = StreamUsage(self._prompt_tokens, self._client_wants_usage)
-        return self._usage
-
-    async def stream_ended(self) -> None:
-        """The stream ended (completed, failed or the client left): record its latencies, charge it."""
-        if self._usage is not None:
-            self.metrics.observe_stream(self.band, self.arrived, self._usage.chunk_times)
-        await self.finish(self._usage.total_tokens if self._usage else 0)
-
-    async def finished(self, total_tokens: int | None) -> None:
-        """A non-streamed reply completed with vLLM's usage figure."""
-        await self.finish(total_tokens if total_tokens is not None else self._prompt_tokens)
-
-    async def failed(self) -> None:
-        """The replica answered with an error or failed before serving anything."""
-        await self.finish(0)
-
-    async def finish(self, served_tokens: int) -> None:
-        """Record the end once: duration and tokens served."""
-        if self._finished:
+    async def settle(self, served_tokens: int, chunk_times: list[float] | None = None) -> None:
+        """Record the end (duration, stream latencies, tokens served) and release the place, once."""
+        if self._settled:
             return
-        self._finished = True
-        self.metrics.duration.labels(self.band).observe(time.monotonic() - self.arrived)
+        self._settled = True
+        self._metrics.duration.labels(self._band).observe(self._clock() - self._arrived)
+        if chunk_times:
+            self._metrics.observe_stream(self._band, self._arrived, chunk_times)
         if served_tokens:
-            self.metrics.tokens.labels(self.metrics.tenant(self.tenant), self.band).inc(served_tokens)
-        await self.settle(served_tokens)
+            self._metrics.tokens.labels(self._metrics.tenant(self._tenant), self._band).inc(served_tokens)
+        await self._place.release(served_tokens)
 
-    async def settle(self, served_tokens: int) -> None:
-        """Return what the request held (nothing without the queue)."""
+
+def reported_tokens(body: dict[str, Any], prompt_tokens: int) -> int:
+    """Tokens a non-streamed reply served: vLLM's usage figure, else the prompt."""
+    total = (body.get("usage") or {}).get("total_tokens")
+    return int(total) if total is not None else prompt_tokens

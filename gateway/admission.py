@@ -1,8 +1,11 @@
-"""Admission through the global queue (rate limits, ticket, grant), and the accounting of each admitted request.
+"""Admission: how a classified request gets its place on a replica. Two strategies with one face.
 
-Every admitted request ends exactly once in :meth:`TicketAccounting.finish`: its grant's capacity goes
-back to the replica, its tenant's counter is corrected to the tokens actually served (0 when nothing was
-served) and its rate-limit bucket is settled to the same figure.
+* :class:`QueueAdmission` goes through the global queue: the tenant's rate limits, a ticket, the wait for
+  its grant (which names the replica), and back to the queue's head when that replica is gone.
+* :class:`DirectAdmission` is the baseline without the queue: the length class's pool, Ray Serve's
+  default router inside it.
+
+Each returns an :class:`Admitted`: where to forward, and how to give back what it holds.
 """
 
 from __future__ import annotations
@@ -12,12 +15,14 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 import redis
 
-from gateway.accounting import RequestOutcome
-from gateway.config import QueueConfig
+from fleet.config import QueueConfig
+from fleet.connection import global_queue, redis_client
+from fleet.rate_limits import RateLimiter
+from fleet.session import QueueDeadlineExpired, QueueRejected, QueueSession, QueueTicketLost
 from gateway.classify import Classification
 from gateway.errors import (
     GatewayError,
@@ -30,105 +35,135 @@ from gateway.errors import (
 )
 from gateway.headers import RequestHeaders
 from gateway.metrics import GatewayMetrics
-from gateway.queue.rate_limits import RateLimiter
-from gateway.queue.session import QueueDeadlineExpired, QueueRejected, QueueSession, QueueTicketLost
 from gateway.request_parsing import ParsedRequest
 from gateway.tenants import Tenant
 from policies.priority import BandDecision
 from policies.types import Grant, TicketSpec
-from replicas.deployment import MISROUTED
 
 logger = logging.getLogger(__name__)
 
 MAX_REQUEUES = 3
 
 
-@dataclass
-class Ticket:
-    """A classified request on its way through the queue."""
+@dataclass(frozen=True)
+class AdmissionRequest:
+    """A classified request asking for a place."""
 
-    spec: TicketSpec
     parsed: ParsedRequest
     tenant: Tenant
     decision: BandDecision
-    prompt_tokens: int
-    client_wants_usage: bool
+    asked: RequestHeaders
+    size: Classification
     arrived: float
-    max_wait_s: float
-
-    def headers(self) -> dict[str, str]:
-        """How the request was classified, for the response headers."""
-        headers = {
-            "x-fleetgate-band": self.spec.band,
-            "x-fleetgate-length-class": self.spec.length_class,
-            "x-fleetgate-prompt-tokens": str(self.prompt_tokens),
-        }
-        return headers | band_headers(self.decision)
 
 
-def band_headers(decision: BandDecision) -> dict[str, str]:
-    """Headers that say the request was lowered to its tenant's allowance (none when it was not)."""
-    if not decision.capped:
-        return {}
-    return {"x-fleetgate-band-capped": "true", "x-fleetgate-requested-band": decision.requested}
+class Admitted(Protocol):
+    """An admitted request's place: the pool (and, with the queue, the replica) to forward to."""
+
+    pool: str
+    replica_id: str | None
+    queue_ms: float | None
+
+    async def requeue(self) -> None:
+        """The named replica is gone: wait for another place, or raise the client-facing error."""
+
+    async def release(self, served_tokens: int) -> None:
+        """Give back what the place holds and charge ``served_tokens``; called exactly once."""
 
 
-class Admission:
-    """Turns classified requests into tickets and admits them through the global queue (one per gateway replica)."""
+class AdmissionStrategy(Protocol):
+    """Turns admission requests into places (one per gateway replica)."""
 
-    def __init__(self, config: QueueConfig, metrics: GatewayMetrics) -> None:
+    gateway_id: str
+
+    async def start(self) -> None:
+        """Connect (on the serving event loop)."""
+
+    async def admit(self, request: AdmissionRequest) -> Admitted:
+        """A place for ``request``, or the client-facing error (429, 503)."""
+
+
+@dataclass
+class DirectPlace:
+    """A place without the queue: the pool; Serve's router picks the replica."""
+
+    pool: str
+    replica_id: str | None = None
+    queue_ms: float | None = None
+
+    async def requeue(self) -> None:
+        """Without grants nothing is misrouted; a replica answering so is a failure."""
+        raise UpstreamUnavailable("The request reached the wrong replica.")
+
+    async def release(self, served_tokens: int) -> None:
+        """Nothing is held."""
+
+
+class DirectAdmission:
+    """No global queue (the baseline): every request goes to its length class's pool at once."""
+
+    gateway_id = ""
+
+    def __init__(self, pool_for_class: dict[str, str]) -> None:
+        self._pool_for_class = pool_for_class
+
+    async def start(self) -> None:
+        """Nothing to connect."""
+
+    async def admit(self, request: AdmissionRequest) -> Admitted:
+        """The class's pool."""
+        return DirectPlace(self._pool_for_class[request.size.length_class])
+
+
+class QueueAdmission:
+    """Admission through the global queue: rate limits, a ticket, its grant."""
+
+    def __init__(self, config: QueueConfig, metrics: GatewayMetrics, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.metrics = metrics
+        self._clock = clock
         self._session: QueueSession | None = None
         self._rates: RateLimiter | None = None
+        self.gateway_id = ""
+
+    async def start(self) -> None:
+        """Open the replica's queue session on the serving event loop (idempotent)."""
+        await self.session()
 
     async def session(self) -> QueueSession:
-        """The replica's queue session, created on the serving event loop on first use."""
+        """The replica's queue session, created on first use."""
         if self._session is None:
-            from gateway.queue.factory import global_queue, redis_client
-
             client = redis_client(self.config)
             queue = global_queue(self.config, client)
             self._rates = RateLimiter(client, queue.keys)
-            self._session = QueueSession(queue, redis_client(self.config))
+            self._session = QueueSession(queue, redis_client(self.config, max_connections=2))
+            self.gateway_id = self._session.owner
             await self._session.start()
         return self._session
 
-    async def ticket(self, parsed: ParsedRequest, tenant: Tenant, decision: BandDecision, asked: RequestHeaders,
-                     size: Classification, arrived: float) -> Ticket:
-        """The request's ticket; the body gets its band's vLLM priority and always asks for stream usage."""
-        parsed.body["priority"] = self.config.vllm_priority(decision.band)
-        client_wants_usage = bool((parsed.body.get("stream_options") or {}).get("include_usage"))
-        if parsed.stream:
-            parsed.body["stream_options"] = {**(parsed.body.get("stream_options") or {}), "include_usage": True}
+    async def admit(self, request: AdmissionRequest) -> Admitted:
+        """Take the rate limits, enqueue a ticket and wait for its grant."""
         session = await self.session()
         spec = TicketSpec(
-            ticket_id=session.new_ticket_id(), tenant=tenant.id, band=decision.band, cost=size.cost,
-            weight=tenant.weight, length_class=size.length_class, owner=session.owner, flow=asked.flow,
+            ticket_id=session.new_ticket_id(), tenant=request.tenant.id, band=request.decision.band,
+            cost=request.size.cost, weight=request.tenant.weight, length_class=request.size.length_class,
+            owner=session.owner, flow=request.asked.flow,
         )
-        max_wait_s = min(self.config.max_wait_s, asked.ttft_slo_s or self.config.max_wait_s)
-        return Ticket(spec, parsed, tenant, decision, size.prompt_tokens, client_wants_usage, arrived, max_wait_s)
-
-    async def run(
-        self,
-        ticket: Ticket,
-        forward: Callable[[Grant], Any],
-        respond: Callable[[Any, RequestOutcome], Awaitable[Any]],
-    ) -> Any:
-        """Rate-limit and admit ``ticket``, wait for its grant, then hand the granted replica's reply to ``respond``."""
-        session = await self.session()
+        max_wait_s = min(self.config.max_wait_s, request.asked.ttft_slo_s or self.config.max_wait_s)
         try:
-            await self._take_rate(ticket)
+            await self._take_rate(request.tenant, spec)
             try:
-                grant = await self.await_grant(session.admit(ticket.spec, ticket.max_wait_s))
+                grant = await self.await_grant(session.admit(spec, max_wait_s))
             except BaseException:
-                await asyncio.shield(self.settle_rate(ticket, -ticket.spec.cost))  # nothing was served
+                await asyncio.shield(self.settle_rate(request.tenant, spec.cost, 0))  # nothing was served
                 raise
         except Rejected as exc:
-            self.metrics.rejections.labels(self.metrics.tenant(ticket.spec.tenant), ticket.spec.band, exc.reason).inc()
+            self.metrics.rejections.labels(self.metrics.tenant(spec.tenant), spec.band, exc.reason).inc()
             raise
-        accounting = TicketAccounting(self, session, ticket, grant, forward, respond)
-        return await respond(forward(grant), accounting)
+        queue_s = self._clock() - request.arrived
+        self.metrics.grants.labels(self.metrics.tenant(spec.tenant), grant.band, spec.length_class, grant.pool).inc()
+        self.metrics.queue_wait.labels(spec.band).observe(queue_s)
+        return QueuePlace(self, session, spec, request.tenant, max_wait_s, grant, queue_s * 1000)
 
     async def await_grant(self, waiting: Awaitable[Grant]) -> Grant:
         """Await a grant; admission failures become the client-facing 429 / 503 errors."""
@@ -137,22 +172,51 @@ class Admission:
         except (QueueRejected, QueueDeadlineExpired, QueueTicketLost, redis.RedisError) as exc:
             raise admission_error(exc, self.config.retry_after_s) from None
 
-    async def _take_rate(self, ticket: Ticket) -> None:
-        limits = ticket.tenant.rate_limits
+    async def _take_rate(self, tenant: Tenant, spec: TicketSpec) -> None:
         try:
-            decision = await self._rates.take(ticket.spec.tenant, limits, ticket.spec.cost)  # type: ignore[union-attr]
+            decision = await self._rates.take(spec.tenant, tenant.rate_limits, spec.cost)  # type: ignore[union-attr]
         except redis.RedisError as exc:
             raise admission_error(exc, self.config.retry_after_s) from None
         if not decision.admitted:
             raise RateLimited("This API key's rate limit is reached; retry after the time in Retry-After.",
                               reason="rate-limited", retry_after_s=max(1, int(decision.retry_after_s + 0.999)))
 
-    async def settle_rate(self, ticket: Ticket, extra_tokens: int) -> None:
-        """Correct the tenant's token bucket by ``extra_tokens`` beyond the estimate (negative: refund)."""
+    async def settle_rate(self, tenant: Tenant, estimate: int, served_tokens: int) -> None:
+        """Correct the tenant's token bucket from the estimate it took to what was served."""
         try:
-            await self._rates.settle(ticket.spec.tenant, ticket.tenant.rate_limits, extra_tokens)  # type: ignore[union-attr]
+            await self._rates.settle(tenant.id, tenant.rate_limits, served_tokens - estimate)  # type: ignore[union-attr]
         except redis.RedisError as exc:  # the bucket refills on its own; only this correction is lost
             logger.warning("could not settle a rate-limit bucket: %s", type(exc).__name__)
+
+
+class QueuePlace:
+    """A granted ticket: its replica, and the way back (requeue, or release at the end)."""
+
+    def __init__(self, admission: QueueAdmission, session: QueueSession, spec: TicketSpec, tenant: Tenant,
+                 max_wait_s: float, grant: Grant, queue_ms: float) -> None:
+        self._admission, self._session, self._spec, self._tenant = admission, session, spec, tenant
+        self._max_wait_s = max_wait_s
+        self._requeues = 0
+        self.queue_ms = queue_ms
+        self._take(grant)
+
+    def _take(self, grant: Grant) -> None:
+        self.pool, self.replica_id = grant.pool, grant.replica_id
+
+    async def requeue(self) -> None:
+        """Back to the head of the tenant's queue; wait for the next grant."""
+        self._requeues += 1
+        if self._requeues > MAX_REQUEUES:
+            raise UpstreamUnavailable("The granted replicas kept disappearing; retry shortly.")
+        self._take(await self._admission.await_grant(self._session.wait_again(self._spec, self._max_wait_s)))
+
+    async def release(self, served_tokens: int) -> None:
+        """Return the capacity and charge ``served_tokens`` (the ledger, the rate bucket); survives cancellation."""
+        try:
+            await asyncio.shield(self._session.finish(self._spec.ticket_id, served_tokens))
+        except redis.RedisError as exc:  # the lease expires instead and returns the capacity
+            logger.warning("could not finish ticket (%s); its lease will expire", type(exc).__name__)
+        await asyncio.shield(self._admission.settle_rate(self._tenant, self._spec.cost, served_tokens))
 
 
 def admission_error(exc: Exception, retry_after_s: int) -> GatewayError:
@@ -169,47 +233,3 @@ def admission_error(exc: Exception, retry_after_s: int) -> GatewayError:
     logger.warning("global queue unavailable: %s", type(exc).__name__)
     return QueueUnavailable("The global queue is unavailable; retry shortly.", reason="queue-unavailable",
                             retry_after_s=1)
-
-
-class TicketAccounting(RequestOutcome):
-    """How one admitted request ends: exactly one ``finish`` (capacity back, tokens charged)."""
-
-    def __init__(self, admission: Admission, session: QueueSession, ticket: Ticket, grant: Grant,
-                 forward: Callable[[Grant], Any], respond: Callable[..., Awaitable[Any]]) -> None:
-        queue_s = time.monotonic() - ticket.arrived
-        headers = ticket.headers() | {"x-fleetgate-queue-ms": f"{queue_s * 1000:.1f}",
-                                      "x-fleetgate-gateway": session.owner, "x-fleetgate-pool": grant.pool}
-        super().__init__(admission.metrics, ticket.spec.tenant, ticket.spec.band, ticket.arrived, headers,
-                         ticket.prompt_tokens, ticket.client_wants_usage)
-        self._admission, self._session, self._ticket, self._grant = admission, session, ticket, grant
-        self._forward, self._respond = forward, respond
-        self._requeues = 0
-        self._record_grant(grant, queue_s)
-
-    def _record_grant(self, grant: Grant, queue_s: float) -> None:
-        spec = self._ticket.spec
-        self.metrics.grants.labels(self.metrics.tenant(spec.tenant), grant.band, spec.length_class, grant.pool).inc()
-        self.metrics.queue_wait.labels(spec.band).observe(queue_s)
-
-    def misrouted(self, header: dict[str, Any]) -> bool:
-        """True when the call reached a replica other than the granted one (that one is gone)."""
-        return header["status"] == MISROUTED
-
-    async def retry(self) -> Any:
-        """Requeue at the head of the tenant's queue, wait for a new grant, and forward again."""
-        self._requeues += 1
-        if self._requeues > MAX_REQUEUES:
-            await self.failed()
-            raise UpstreamUnavailable("The granted replicas kept disappearing; retry shortly.")
-        self._grant = await self._admission.await_grant(
-            self._session.wait_again(self._ticket.spec, self._ticket.max_wait_s)
-        )
-        return await self._respond(self._forward(self._grant), self)
-
-    async def settle(self, served_tokens: int) -> None:
-        """Return the capacity and charge ``served_tokens`` (the ledger, the rate bucket); survives cancellation."""
-        try:
-            await asyncio.shield(self._session.finish(self._ticket.spec.ticket_id, served_tokens))
-        except redis.RedisError as exc:  # the lease expires instead and returns the capacity
-            logger.warning("could not finish ticket (%s); its lease will expire", type(exc).__name__)
-        await asyncio.shield(self._admission.settle_rate(self._ticket, served_tokens - self._ticket.spec.cost))

@@ -13,6 +13,7 @@ from ray.serve.config import RequestRouterConfig
 from gateway.config import AppConfig, PoolConfig
 from gateway.ingress import Gateway
 from replicas.deployment import VLLMReplica
+from replicas.spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
 
@@ -35,11 +36,11 @@ def _bind_pool(pool: PoolConfig, config: AppConfig) -> Application:
     routing = {}
     if config.queue.enabled:  # placement is the global queue's; the router only honours its grants
         routing["request_router_config"] = RequestRouterConfig(request_router_class="gateway.routing:GrantRouter")
-    replica_class, extra = VLLMReplica, {}
+    replica_class: type = VLLMReplica
     if config.model.simulated:
         from replicas.sim_replica import SimReplica
 
-        replica_class, extra = SimReplica, {"cost_model": config.model.simulated}
+        replica_class = SimReplica
     deployment = serve.deployment(replica_class).options(
         name=f"vllm-{pool.name}",
         num_replicas=pool.num_replicas,
@@ -49,19 +50,13 @@ def _bind_pool(pool: PoolConfig, config: AppConfig) -> Application:
         health_check_timeout_s=60,
         **routing,
     )
-    return deployment.bind(
-        config.model.path,
-        config.model.name,
-        pool.engine.model_dump(),
-        pool.cpu_binding.model_dump() if pool.cpu_binding else None,
-        config.cache_dir,
-        config.queue.model_dump() if config.queue.enabled else None,
-        pool.name,
-        config.pool_accepts(pool),
-        pool.prefers,
-        config.metrics.publish_interval_s,
-        **extra,
+    spec = ReplicaSpec(
+        model_path=config.model.path, served_model_name=config.model.name, engine=pool.engine.model_dump(),
+        cpu_binding=pool.cpu_binding, cache_dir=config.cache_dir,
+        queue=config.queue if config.queue.enabled else None, pool=pool.name, accepts=config.pool_accepts(pool),
+        prefers=pool.prefers, metrics_interval_s=config.metrics.publish_interval_s, simulated=config.model.simulated,
     )
+    return deployment.bind(spec)
 
 
 def _ensure_model(config: AppConfig) -> None:

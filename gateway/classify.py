@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.config import QueueConfig
+from fleet.config import QueueConfig
 from gateway.errors import ContextLengthExceeded
 from gateway.request_parsing import ParsedRequest
 from gateway.tokens import PromptTokenCounter

@@ -114,21 +114,18 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    import redis
-
-    from gateway.queue.factory import queue_settings
-    from gateway.queue.keys import QueueKeys
-    from gateway.queue.redis_queue import BlockingGlobalQueue
+    from fleet.blocking import blocking
+    from fleet.connection import global_queue, redis_client
+    from fleet.metrics_board import MetricsBoard
     from gateway.status_view import render_status
 
     queue_config = _app_args(args.config)["queue"]
     url = args.redis_url or queue_config.resolved_redis_url()
-    client = redis.Redis.from_url(url, socket_connect_timeout=2)
-    keys = QueueKeys(namespace=queue_config.namespace)
-    queue = BlockingGlobalQueue(client, keys, queue_settings(queue_config))
+    queue = blocking(lambda: global_queue(queue_config, redis_client(queue_config, url=url)))
+    board = MetricsBoard(queue.client, queue.keys, ttl_s=1)
     while True:
-        sources = sorted(s.decode() for s in client.smembers(keys.metrics_sources()) if client.exists(keys.metrics(s.decode())))
-        view = render_status(queue.snapshot(), keys.namespace, _redacted(url), sources)
+        sources = queue.run(board.live_sources())
+        view = render_status(queue.snapshot(), queue.keys.namespace, _redacted(url), sources)
         if args.watch is None:
             print(view)
             return 0

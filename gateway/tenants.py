@@ -18,6 +18,7 @@ import os
 import re
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -120,14 +121,16 @@ class TenantsFile(BaseModel):
 class TenantRegistry:
     """The tenants in force for one gateway replica: lookup by key digest, reloaded when the file changes."""
 
-    def __init__(self, path: str | None, bands: list[str], reload_interval_s: float = 2.0) -> None:
+    def __init__(self, path: str | None, bands: list[str], reload_interval_s: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._path = path
+        self._clock = clock
         self._bands = bands
         self._reload_interval_s = reload_interval_s
         self._by_digest: dict[str, Tenant] = {}
         self._by_id: dict[str, Tenant] = {}
         self._stamp: tuple[int, int] | None = None
-        self._checked_at = 0.0
+        self._checked_at = clock()  # the file is read just below
         if path is not None:
             self._install(TenantsFile.read(path).check_bands(bands), self._file_stamp())  # fail loudly at start
 
@@ -153,7 +156,7 @@ class TenantRegistry:
 
     def reload_if_changed(self) -> bool:
         """Re-read the file if it changed since the last look (at most once per interval); True if reloaded."""
-        now = time.monotonic()
+        now = self._clock()
         if self._path is None or now - self._checked_at < self._reload_interval_s:
             return False
         self._checked_at = now

@@ -4,35 +4,39 @@ It is pure, in-memory Python with an explicit clock, used three ways: tests run 
 through it and through the Lua scripts and compare every decision; the property tests check fairness,
 strictness and capacity invariants on it; the discrete-event simulator runs on it.
 
-Decision procedure (every mutating call: reap expired leases -> apply the call -> dispatch):
+Every mutating call: reap expired leases -> apply the call -> dispatch. Dispatch composes the policy
+seams, each its own module mirrored by a Lua file of the same name:
 
-* **Bands are strict.** Dispatch scans bands from the highest; a lower band gets a grant only when no
-  ticket of a higher band fits any replica (work-conserving strict priority).
-* **Inside a band, token-weighted fairness (VTC).** Each tenant has a virtual token counter per band. The
-  active tenant with the smallest counter (ties: smallest tenant id) goes first; a grant charges
-  ``cost / weight`` at once, and completion corrects it to ``actual / weight``. A tenant that becomes active
-  is lifted to the smallest active counter (or the band's virtual time when none is active), so idle time
-  banks no credit. Hence counters of active tenants stay within one weighted request cost of each other,
-  and two continuously backlogged tenants' weighted service differs by at most 2x the largest weighted cost.
-* **Flows inside a tenant.** A tenant's tickets are split into flows (the fairness id a client may send;
-  one default flow otherwise). Inside the tenant, the waiting flow with the least service (a second,
-  unweighted counter per flow, lifted on activation like the tenant's) goes first; FIFO inside a flow.
-  Flow counters live only while the tenant has waiting work in the band: when its last waiting ticket
-  leaves, they are dropped, so a tenant's next busy period starts its flows level. Flows therefore share
-  their tenant's share without changing what the tenant gets against other tenants.
-* **Aging.** A ticket that has waited ``aging_ms`` in its band is moved to the tail of its tenant's queue in
-  the band above, so no ticket starves behind a higher band forever.
-* **Placement** per :func:`policies.placement.choose_replica`; a grant reserves a slot and ``min(cost,
-  free tokens)`` tokens on the replica, returned exactly once by completion, requeue or lease expiry.
+* :mod:`policies.band_order` -- strict bands, highest first, with aging as the starvation guard;
+* :mod:`policies.fairness` -- between tenants, then between a tenant's flows: token-weighted VTC;
+* :mod:`policies.ordering` -- FIFO inside a flow;
+* :mod:`policies.gate` -- which replicas may take a grant now;
+* :mod:`policies.placement` -- filter -> scorer -> picker among the open replicas.
+
+A grant reserves a slot and ``min(cost, free tokens)`` tokens on the replica, returned exactly once by
+completion, requeue or lease expiry. Flow counters live only while their tenant has waiting work in the
+band, so a tenant's next busy period starts its flows level.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
+from policies import fairness
+from policies.band_order import aging_cutoff, bands_in_order
+from policies.gate import open_replicas
+from policies.ordering import Fifo
 from policies.placement import choose_replica
-from policies.types import BandPolicy, Grant, ReplicaCapacity, TicketSpec
+from policies.types import (
+    BandPolicy,
+    CancelResult,
+    CompleteResult,
+    EnqueueResult,
+    Grant,
+    ReplicaCapacity,
+    RequeueResult,
+    TicketSpec,
+)
 
 
 @dataclass
@@ -42,21 +46,14 @@ class _Ticket:
     entered_band_ms: int
     lease_expires_ms: int
     granted_to: str | None = None
+    granted_pool: str = ""
     reserved_tokens: int = 0
     charged_band: str = ""
 
 
-@dataclass(frozen=True)
-class Admission:
-    """Outcome of an enqueue: admitted, or rejected with a reason."""
-
-    admitted: bool
-    reason: str = ""
-
-
 @dataclass
 class _TenantFlows:
-    queues: dict[str, deque[str]] = field(default_factory=dict)  # waiting flows -> ticket ids, FIFO
+    queues: dict[str, Fifo] = field(default_factory=dict)  # waiting flows -> their tickets
     counters: dict[str, float] = field(default_factory=dict)  # flow -> service inside the tenant
 
 
@@ -85,11 +82,11 @@ class ReferenceScheduler:
 
     # ----- calls (each: reap, apply, dispatch) -----
 
-    def enqueue(self, spec: TicketSpec, now_ms: int, lease_ms: int) -> tuple[Admission, list[Grant]]:
+    def enqueue(self, spec: TicketSpec, now_ms: int, lease_ms: int) -> EnqueueResult:
         """Admit a ticket into its band (or reject it), then dispatch."""
         self._reap(now_ms)
-        admission = self._admit(spec, now_ms, lease_ms)
-        return admission, self._dispatch(now_ms)
+        status = self._admit(spec, now_ms, lease_ms)
+        return EnqueueResult(status, self._dispatch(now_ms))
 
     def register_replica(self, capacity: ReplicaCapacity, now_ms: int, lease_ms: int) -> list[Grant]:
         """Register a replica or renew its lease (a changed total adjusts what is free), then dispatch."""
@@ -113,7 +110,7 @@ class ReferenceScheduler:
         self.replicas.pop(replica_id, None)
         return self._dispatch(now_ms)
 
-    def complete(self, ticket_id: str, actual_cost: int, now_ms: int) -> tuple[bool, list[Grant]]:
+    def complete(self, ticket_id: str, actual_cost: int, now_ms: int) -> CompleteResult:
         """Finish a granted ticket: return its capacity, charge ``actual_cost``. False if not granted."""
         self._reap(now_ms)
         ticket = self.tickets.get(ticket_id)
@@ -121,28 +118,27 @@ class ReferenceScheduler:
         if done:
             assert ticket is not None
             self._release(ticket)
-            correction = actual_cost - ticket.spec.cost
-            self._charge(ticket.charged_band, ticket.spec.tenant, correction / ticket.spec.weight)
-            self._charge_flow(ticket.charged_band, ticket.spec, correction)
+            correction = fairness.completion_correction(actual_cost, ticket.spec.cost, ticket.spec.weight)
+            self._charge(ticket.charged_band, ticket.spec.tenant, correction)
+            self._charge_flow(ticket.charged_band, ticket.spec, actual_cost - ticket.spec.cost)
             self.served[ticket.spec.tenant] = self.served.get(ticket.spec.tenant, 0) + actual_cost
             del self.tickets[ticket_id]
-        return done, self._dispatch(now_ms)
+        return CompleteResult(done, self._dispatch(now_ms))
 
-    def cancel(self, ticket_id: str, now_ms: int) -> tuple[str, list[Grant]]:
-        """Withdraw a waiting ticket: 'cancelled'; 'granted' if a grant won the race; else 'unknown'."""
+    def cancel(self, ticket_id: str, now_ms: int) -> CancelResult:
+        """Withdraw a waiting ticket: 'cancelled'; 'granted' (with where) if a grant won the race; else 'unknown'."""
         self._reap(now_ms)
         ticket = self.tickets.get(ticket_id)
-        if ticket is None:
-            status = "unknown"
-        elif ticket.granted_to is not None:
-            status = "granted"
-        else:
+        if ticket is not None and ticket.granted_to is not None:
+            return CancelResult("granted", self._dispatch(now_ms), ticket.granted_to, ticket.granted_pool)
+        status = "unknown"
+        if ticket is not None:
             self._remove_waiting(ticket)
             del self.tickets[ticket_id]
             status = "cancelled"
-        return status, self._dispatch(now_ms)
+        return CancelResult(status, self._dispatch(now_ms))
 
-    def requeue(self, ticket_id: str, now_ms: int) -> tuple[bool, list[Grant]]:
+    def requeue(self, ticket_id: str, now_ms: int) -> RequeueResult:
         """Put a granted ticket back at the head of its tenant's queue (its replica was gone)."""
         self._reap(now_ms)
         ticket = self.tickets.get(ticket_id)
@@ -154,18 +150,19 @@ class ReferenceScheduler:
             self._charge_flow(ticket.charged_band, ticket.spec, -ticket.spec.cost)
             ticket.granted_to = None
             self._push(ticket, ticket.band, now_ms, at_head=True)
-        return moved, self._dispatch(now_ms)
+        return RequeueResult(moved, self._dispatch(now_ms))
 
-    def renew(self, ticket_ids: list[str], now_ms: int, lease_ms: int) -> int:
-        """Extend the leases of these tickets (waiting or granted); returns how many still exist."""
+    def renew(self, ticket_ids: list[str], now_ms: int, lease_ms: int) -> list[str]:
+        """Extend the leases of these tickets (waiting or granted); returns the ids that no longer exist."""
         self._reap(now_ms)
-        alive = 0
+        missing = []
         for ticket_id in ticket_ids:
             ticket = self.tickets.get(ticket_id)
-            if ticket is not None:
+            if ticket is None:
+                missing.append(ticket_id)
+            else:
                 ticket.lease_expires_ms = now_ms + lease_ms
-                alive += 1
-        return alive
+        return missing
 
     def expire(self, now_ms: int) -> list[Grant]:
         """Reap expired leases, then dispatch (what a periodic sweep does)."""
@@ -203,39 +200,35 @@ class ReferenceScheduler:
 
     # ----- internals -----
 
-    def _admit(self, spec: TicketSpec, now_ms: int, lease_ms: int) -> Admission:
+    def _admit(self, spec: TicketSpec, now_ms: int, lease_ms: int) -> str:
         if spec.band not in self._state:
-            return Admission(False, "unknown_band")
+            return "unknown_band"
         if spec.ticket_id in self.tickets:
-            return Admission(False, "duplicate")
+            return "duplicate"
         band = self.bands[self._band_index[spec.band]]
         state = self._state[spec.band]
         if state.queued >= band.max_queued:
-            return Admission(False, "queue_full")
+            return "queue_full"
         if state.queued_tokens + spec.cost > band.max_queued_tokens:
-            return Admission(False, "queue_tokens_full")
+            return "queue_tokens_full"
         ticket = _Ticket(spec=spec, band=spec.band, entered_band_ms=now_ms, lease_expires_ms=now_ms + lease_ms)
         self.tickets[spec.ticket_id] = ticket
         self._push(ticket, spec.band, now_ms, at_head=False)
-        return Admission(True)
+        return "admitted"
 
     def _push(self, ticket: _Ticket, band: str, now_ms: int, at_head: bool) -> None:
         state = self._state[band]
         tenant, flow = ticket.spec.tenant, ticket.spec.flow
         if tenant not in state.tenants:
-            floor = min(state.counters[t] for t in state.tenants) if state.tenants else state.virtual_time
-            state.counters[tenant] = max(state.counters.get(tenant, 0.0), floor)
+            active = [state.counters[t] for t in state.tenants]
+            state.counters[tenant] = fairness.lifted(state.counters.get(tenant, 0.0), active, state.virtual_time)
             state.tenants[tenant] = _TenantFlows()
         flows = state.tenants[tenant]
         if flow not in flows.queues:
-            floor = min(flows.counters[f] for f in flows.queues) if flows.queues else 0.0
-            flows.counters[flow] = max(flows.counters.get(flow, 0.0), floor)
-            flows.queues[flow] = deque()
-        queue = flows.queues[flow]
-        if at_head:
-            queue.appendleft(ticket.spec.ticket_id)
-        else:
-            queue.append(ticket.spec.ticket_id)
+            active = [flows.counters[f] for f in flows.queues]
+            flows.counters[flow] = fairness.lifted(flows.counters.get(flow, 0.0), active, 0.0)
+            flows.queues[flow] = Fifo()
+        flows.queues[flow].add(ticket.spec.ticket_id, at_head)
         ticket.band, ticket.entered_band_ms = band, now_ms
         state.queued += 1
         state.queued_tokens += ticket.spec.cost
@@ -243,11 +236,10 @@ class ReferenceScheduler:
     def _remove_waiting(self, ticket: _Ticket) -> None:
         state = self._state[ticket.band]
         flows = state.tenants[ticket.spec.tenant]
-        queue = flows.queues[ticket.spec.flow]
-        queue.remove(ticket.spec.ticket_id)
+        emptied = flows.queues[ticket.spec.flow].remove(ticket.spec.ticket_id)
         state.queued -= 1
         state.queued_tokens -= ticket.spec.cost
-        if not queue:
+        if emptied:
             del flows.queues[ticket.spec.flow]
             if not flows.queues:  # the tenant's last waiting ticket: its flow counters go too
                 del state.tenants[ticket.spec.tenant]
@@ -285,9 +277,9 @@ class ReferenceScheduler:
     def _promote_aged(self, now_ms: int) -> None:
         for index in range(1, len(self.bands)):
             band = self.bands[index]
-            if band.aging_ms <= 0:
+            cutoff = aging_cutoff(self.bands, index, now_ms)
+            if cutoff is None:
                 continue
-            cutoff = now_ms - band.aging_ms
             aged = sorted(
                 (t for t in self.tickets.values()
                  if t.granted_to is None and t.band == band.name and t.entered_band_ms <= cutoff),
@@ -308,15 +300,16 @@ class ReferenceScheduler:
         return grants
 
     def _grant_one(self) -> Grant | None:
-        if not any(replica.slots_free > 0 for replica in self.replicas.values()):
+        candidates = open_replicas(self.replicas.values())
+        if not candidates:
             return None
-        for band in self.bands:
+        for band in bands_in_order(self.bands):
             state = self._state[band.name]
-            for tenant in sorted(state.tenants, key=lambda t: (state.counters[t], t)):
+            for tenant in fairness.in_order(state.counters, state.tenants):
                 flows = state.tenants[tenant]
-                flow = min(flows.queues, key=lambda f: (flows.counters[f], f))
-                ticket = self.tickets[flows.queues[flow][0]]
-                replica = choose_replica(self.replicas.values(), ticket.spec.cost, ticket.spec.length_class)
+                flow = fairness.least_served(flows.counters, flows.queues)
+                ticket = self.tickets[flows.queues[flow].head()]
+                replica = choose_replica(candidates, ticket.spec.cost, ticket.spec.length_class)
                 if replica is not None:
                     return self._grant(ticket, replica, state)
         return None
@@ -326,9 +319,10 @@ class ReferenceScheduler:
         self._charge_flow(ticket.band, ticket.spec, ticket.spec.cost)  # while the flow still waits
         self._remove_waiting(ticket)
         state.virtual_time = state.counters[tenant]
-        state.counters[tenant] += ticket.spec.cost / ticket.spec.weight
+        state.counters[tenant] += fairness.grant_charge(ticket.spec.cost, ticket.spec.weight)
         reserved = min(ticket.spec.cost, replica.tokens_free)
         replica.slots_free -= 1
         replica.tokens_free -= reserved
         ticket.granted_to, ticket.reserved_tokens, ticket.charged_band = replica.replica_id, reserved, ticket.band
+        ticket.granted_pool = replica.pool
         return Grant(ticket.spec.ticket_id, replica.replica_id, ticket.band, tenant, replica.pool)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
 @dataclass(frozen=True)
@@ -69,12 +70,38 @@ class ReplicaCapacity:
         if self.tokens_free < 0:
             self.tokens_free = self.tokens_total
 
-    def fits(self, cost: int, length_class: str) -> bool:
-        """True when a ticket of this cost and class may start here now.
 
-        An idle replica takes any ticket it accepts, even one above its token budget, so a request larger
-        than any budget still runs (alone) instead of waiting forever.
-        """
-        if length_class not in self.accepts or self.slots_free < 1:
-            return False
-        return self.tokens_free >= cost or self.slots_free == self.slots_total
+class EnqueueResult(NamedTuple):
+    """An enqueue's outcome: ``status`` is 'admitted', 'duplicate' or a rejection reason; grants made meanwhile."""
+
+    status: str
+    grants: list[Grant]
+
+    @property
+    def admitted(self) -> bool:
+        """True when the ticket entered the queue."""
+        return self.status == "admitted"
+
+
+class CompleteResult(NamedTuple):
+    """A completion's outcome: ``done`` is False when the ticket was not granted (a repeat is a no-op)."""
+
+    done: bool
+    grants: list[Grant]
+
+
+class CancelResult(NamedTuple):
+    """A withdrawal's outcome: 'cancelled', 'unknown', or 'granted' (a grant won the race; it stands, and
+    ``replica_id`` and ``pool`` say where)."""
+
+    status: str
+    grants: list[Grant]
+    replica_id: str = ""
+    pool: str = ""
+
+
+class RequeueResult(NamedTuple):
+    """A requeue's outcome: ``moved`` is False when the ticket was not granted."""
+
+    moved: bool
+    grants: list[Grant]

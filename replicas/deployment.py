@@ -2,8 +2,7 @@
 
 It serves OpenAI completions and chat completions through vLLM's own serving classes, so request
 validation, chat templates, sampling parameters, usage accounting and the SSE format are vLLM's. The
-gateway calls :meth:`VLLMReplica.generate` with a plain request body; the first message it yields is a
-:class:`ReplicaReply` header, then (for streams) the SSE lines.
+reply format and the misroute check are :class:`replicas.base.ReplicaBase`'s.
 """
 
 from __future__ import annotations
@@ -11,78 +10,32 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel
-
-from policies.types import ReplicaCapacity
-from replicas.capacity import CapacityRegistration
+from replicas.base import Endpoint, ReplicaBase, ReplicaReply
 from replicas.cpu_binding import CpuBinding
 from replicas.engine_settings import EngineSettings
+from replicas.spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
 
-Endpoint = Literal["chat", "completion"]
-MISROUTED = 421  # "misdirected request": the call reached a replica other than the granted one
 
-
-class ReplicaReply(BaseModel):
-    """First message of every reply: the HTTP status, and either the full JSON body or ``stream=True``."""
-
-    status: int
-    body: dict[str, Any] | None = None
-    stream: bool = False
-
-
-class VLLMReplica:
+class VLLMReplica(ReplicaBase):
     """One vLLM engine behind a Ray Serve replica (chunked prefill, priority scheduling)."""
 
-    async def __init__(
-        self,
-        model_path: str,
-        served_model_name: str,
-        engine: dict[str, Any],
-        cpu_binding: dict[str, Any] | None = None,
-        cache_dir: str | None = None,
-        queue: dict[str, Any] | None = None,
-        pool: str = "default",
-        accepts: list[str] | None = None,
-        prefers: list[str] | None = None,
-        metrics_interval_s: float = 2.0,
-    ) -> None:
-        self._served_model_name = served_model_name
-        self.replica_id = _serve_replica_id()
-        settings = EngineSettings.model_validate(engine)
-        _prepare_process_environment(cpu_binding, cache_dir)
-        self._engine, self._state = await _start_engine(settings, model_path, served_model_name)
-        self._capacity = ReplicaCapacity(
-            replica_id=self.replica_id,
-            slots_total=settings.max_num_seqs,
-            tokens_total=_kv_capacity_tokens(self._engine, settings),
-            accepts=frozenset(accepts or ("short", "long")),
-            prefers=frozenset(prefers or ()),
-            pool=pool,
-        )
-        self._registration = CapacityRegistration(queue, self._capacity) if queue else None
-        if self._registration is not None:
-            await self._registration.start()
-            self._registration.publish_metrics(metrics_interval_s)
-        logger.info("vLLM replica %s ready: pool=%s capacity=%s settings=%s", self.replica_id, pool,
-                    self._capacity, settings.model_dump())
+    async def __init__(self, spec: ReplicaSpec) -> None:
+        self._adopt(spec)
+        settings = EngineSettings.model_validate(spec.engine)
+        _prepare_process_environment(spec.cpu_binding, spec.cache_dir)
+        self._engine, self._state = await _start_engine(settings, spec.model_path, spec.served_model_name)
+        capacity = await self._join_fleet(settings.max_num_seqs, _kv_capacity_tokens(self._engine, settings),
+                                          publish_metrics=True)
+        logger.info("vLLM replica %s ready: pool=%s capacity=%s settings=%s", self.replica_id, spec.pool,
+                    capacity, settings.model_dump())
 
-    async def generate(
-        self, endpoint: Endpoint, body: dict[str, Any], granted_replica: str | None = None
-    ) -> AsyncIterator[dict[str, Any] | str]:
-        """Run one request; yield a ReplicaReply dict, then SSE lines if the reply streams.
-
-        ``granted_replica`` is the replica the global queue granted the request to; a call that reaches
-        another replica (the granted one is gone) is answered MISROUTED at once, and the gateway requeues.
-        When the caller goes away Ray Serve cancels this generator; vLLM's serving layer then aborts the
-        engine request, so no engine capacity is spent on a reply nobody reads.
-        """
-        if granted_replica is not None and granted_replica != self.replica_id:
-            yield ReplicaReply(status=MISROUTED).model_dump()
-            return
+    async def serve(self, endpoint: Endpoint, body: dict[str, Any]) -> AsyncIterator[dict[str, Any] | str]:
+        """vLLM's reply. When the caller goes away Ray Serve cancels this generator; vLLM's serving layer
+        then aborts the engine request, so no engine capacity is spent on a reply nobody reads."""
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
         from vllm.entrypoints.openai.completion.protocol import CompletionRequest
         from vllm.entrypoints.serve.engine.protocol import ErrorResponse
@@ -112,29 +65,18 @@ class VLLMReplica:
         listing = await self._state.openai_serving_models.show_available_models()
         return listing.model_dump()
 
-    async def stats(self) -> dict[str, int]:
-        """Engine load: requests the engine has not finished yet (running or waiting)."""
-        return {"unfinished_requests": self._engine.output_processor.get_num_unfinished_requests()}
-
     async def check_health(self) -> None:
         """Ray Serve's health probe: raises when the engine is dead, so Serve restarts this replica."""
         await self._engine.check_health()
 
-    async def capacity(self) -> dict[str, Any]:
-        """The capacity this replica registers with the global queue."""
-        return {"replica_id": self.replica_id, "slots_total": self._capacity.slots_total,
-                "tokens_total": self._capacity.tokens_total, "pool": self._capacity.pool}
-
     def __del__(self) -> None:
-        registration = getattr(self, "_registration", None)
-        if registration is not None:
-            registration.stop()
+        self._leave_fleet()
         engine = getattr(self, "_engine", None)
         if engine is not None:
             engine.shutdown()
 
 
-def _prepare_process_environment(cpu_binding: dict[str, Any] | None, cache_dir: str | None) -> None:
+def _prepare_process_environment(cpu_binding: CpuBinding | None, cache_dir: str | None) -> None:
     """Set the vLLM process environment before the engine starts (its worker processes inherit it)."""
     if cache_dir:
         os.makedirs(cache_dir, exist_ok=True)
@@ -144,19 +86,7 @@ def _prepare_process_environment(cpu_binding: dict[str, Any] | None, cache_dir: 
         os.makedirs(rpc_dir, exist_ok=True)
         os.environ.setdefault("VLLM_RPC_BASE_PATH", rpc_dir)
     if cpu_binding is not None:
-        binding = CpuBinding.model_validate(cpu_binding)
-        os.environ.update(binding.environment(_replica_local_rank()))
-
-
-def _serve_replica_id() -> str:
-    from ray import serve
-
-    try:
-        return serve.get_replica_context().replica_id.unique_id
-    except Exception:  # outside a Serve replica (local testing mode)
-        import uuid
-
-        return f"local-{uuid.uuid4().hex[:8]}"
+        os.environ.update(cpu_binding.environment(_replica_local_rank()))
 
 
 def _kv_capacity_tokens(engine: Any, settings: EngineSettings) -> int:

@@ -16,37 +16,26 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from policies.types import ReplicaCapacity
-from replicas.capacity import CapacityRegistration
-from replicas.deployment import MISROUTED, Endpoint, ReplicaReply, _serve_replica_id
+from replicas.base import Endpoint, ReplicaBase, ReplicaReply
 from replicas.sim_engine import COST_MODELS, SimEngine, SimEngineSettings, SimRequest
+from replicas.spec import ReplicaSpec
 
 DEFAULT_OUTPUT_TOKENS = 16
 KV_TOKENS = 500_000
 
 
-class SimReplica:
+class SimReplica(ReplicaBase):
     """A simulated engine behind a Ray Serve replica (``model.simulated`` in the app config)."""
 
-    async def __init__(self, model_path: str, served_model_name: str, engine: dict[str, Any],
-                       cpu_binding: dict[str, Any] | None = None, cache_dir: str | None = None,
-                       queue: dict[str, Any] | None = None, pool: str = "default", accepts: list[str] | None = None,
-                       prefers: list[str] | None = None, metrics_interval_s: float = 2.0,
-                       cost_model: str = "gpu-h100-llama3-8b") -> None:
-        self._model = served_model_name
-        self._pool = pool
-        self.replica_id = _serve_replica_id()
-        settings = SimEngineSettings.model_validate(engine)
-        self._engine = SimEngine(settings, COST_MODELS[cost_model])
+    async def __init__(self, spec: ReplicaSpec) -> None:
+        self._adopt(spec)
+        self._model = spec.served_model_name
+        settings = SimEngineSettings.model_validate(spec.engine)
+        self._engine = SimEngine(settings, COST_MODELS[spec.simulated or "gpu-h100-llama3-8b"])
         self._tokens: dict[str, asyncio.Queue[bool]] = {}
         self._wake = asyncio.Event()
         self._loop_task = asyncio.create_task(self._run_engine())
-        capacity = ReplicaCapacity(replica_id=self.replica_id, slots_total=settings.max_num_seqs,
-                                   tokens_total=KV_TOKENS, accepts=frozenset(accepts or ("short", "long")),
-                                   prefers=frozenset(prefers or ()), pool=pool)
-        self._registration = CapacityRegistration(queue, capacity) if queue else None
-        if self._registration is not None:
-            await self._registration.start()
+        await self._join_fleet(settings.max_num_seqs, KV_TOKENS, publish_metrics=False)
 
     async def _run_engine(self) -> None:
         while True:
@@ -63,12 +52,8 @@ class SimReplica:
                 if queue is not None:
                     queue.put_nowait(request.finished)
 
-    async def generate(self, endpoint: Endpoint, body: dict[str, Any],
-                       granted_replica: str | None = None) -> AsyncIterator[dict[str, Any] | str]:
-        """Run one request on the simulated engine; the same messages as VLLMReplica.generate."""
-        if granted_replica is not None and granted_replica != self.replica_id:
-            yield ReplicaReply(status=MISROUTED).model_dump()
-            return
+    async def serve(self, endpoint: Endpoint, body: dict[str, Any]) -> AsyncIterator[dict[str, Any] | str]:
+        """Run one request on the simulated engine; the same messages as vLLM's replica."""
         request_id = uuid.uuid4().hex
         prompt = _prompt_tokens(endpoint, body)
         output = int(body.get("max_tokens") or body.get("max_completion_tokens") or DEFAULT_OUTPUT_TOKENS)
@@ -117,15 +102,6 @@ class SimReplica:
     async def models(self) -> dict[str, Any]:
         """The served model, as vLLM lists it."""
         return {"object": "list", "data": [{"id": self._model, "object": "model", "owned_by": "fleetgate-sim"}]}
-
-    async def stats(self) -> dict[str, int]:
-        """Engine load: requests running or waiting."""
-        return {"unfinished_requests": self._engine.unfinished}
-
-    async def capacity(self) -> dict[str, Any]:
-        """The capacity this replica registers with the global queue."""
-        return {"replica_id": self.replica_id, "slots_total": self._engine.settings.max_num_seqs,
-                "tokens_total": KV_TOKENS, "pool": self._pool}
 
     async def check_health(self) -> None:
         """Healthy while the engine loop runs."""

@@ -28,7 +28,7 @@ def tiny_model_path() -> Path:
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory):
     """URL of a real redis-server started for this test session."""
-    from gateway.queue.local_redis import running_redis
+    from tests.support.local_redis import running_redis
 
     with running_redis(tmp_path_factory.mktemp("redis")) as url:
         yield url

@@ -13,43 +13,46 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-import redis
+import redis.asyncio as aioredis
 
-from gateway.config import QueueConfig
-from gateway.queue.factory import queue_settings
-from gateway.queue.keys import QueueKeys
-from gateway.queue.redis_queue import BlockingGlobalQueue, lua_mapping
+from fleet.blocking import blocking
+from fleet.config import QueueConfig
+from fleet.connection import queue_settings
+from fleet.keys import QueueKeys
+from fleet.queue import GlobalQueue
+from fleet.snapshot import QueueSnapshot
 
 
 @functools.cache
-def _queue(redis_url: str, namespace: str) -> BlockingGlobalQueue:
+def _queue(redis_url: str, namespace: str) -> Any:
     # one client per URL: a fresh connection per poll would churn connections on a loaded machine;
     # a generous timeout, since a 2-core machine running vLLM can leave Redis slow to answer for a moment
-    client = redis.Redis.from_url(redis_url, socket_timeout=30, socket_connect_timeout=5)
-    return BlockingGlobalQueue(client, QueueKeys(namespace=namespace), queue_settings(QueueConfig()))
+    def build() -> GlobalQueue:
+        client = aioredis.Redis.from_url(redis_url, socket_timeout=30, socket_connect_timeout=5)
+        return GlobalQueue(client, QueueKeys(namespace=namespace), queue_settings(QueueConfig()))
+
+    return blocking(build)
 
 
-def snapshot(redis_url: str, namespace: str = "local") -> dict[str, Any]:
+def snapshot(redis_url: str, namespace: str = "local") -> QueueSnapshot:
     """The global queue's snapshot (one consistent read)."""
     return _queue(redis_url, namespace).snapshot()
 
 
 def served_by_tenant(redis_url: str, namespace: str = "local") -> Counter[str]:
     """Tokens charged per tenant so far (take it before a test, compare after)."""
-    return Counter(lua_mapping(snapshot(redis_url, namespace).get("served")))
+    return Counter(snapshot(redis_url, namespace).served)
 
 
-def _quiet(state: dict[str, Any], expected_replicas: int) -> bool:
-    replicas = state.get("replicas") or []
+def _quiet(state: QueueSnapshot, expected_replicas: int) -> bool:
     # a replica whose heartbeat was late on a loaded machine re-registers within a third of its lease
-    return state["tickets"] == 0 and len(replicas) == expected_replicas and all(
-        r["slots_free"] == r["slots_total"] and r["tokens_free"] == r["tokens_total"] for r in replicas)
+    return state.tickets == 0 and len(state.replicas) == expected_replicas and all(r.idle for r in state.replicas)
 
 
 def assert_ledger_balanced(redis_url: str, replicas: int, *, namespace: str = "local",
                            served_before: Mapping[str, int] | None = None,
                            client_served: Mapping[str, int] | None = None, leases_may_expire: bool = False,
-                           timeout_s: float = 30) -> dict[str, Any]:
+                           timeout_s: float = 30) -> QueueSnapshot:
     """Wait (bounded) until the queue is quiet (no ticket, every replica registered with all its capacity
     free), then check the ledger; returns the final snapshot.
 
@@ -61,15 +64,15 @@ def assert_ledger_balanced(redis_url: str, replicas: int, *, namespace: str = "l
     while not _quiet(state := snapshot(redis_url, namespace), replicas):
         assert time.monotonic() < deadline, f"the queue never went quiet: {state}"
         time.sleep(0.1)
-    assert all(band["queued"] == 0 and band["queued_tokens"] == 0 for band in state["bands"])
-    assert len(state["replicas"] or []) == replicas, state["replicas"]
-    stats = lua_mapping(state.get("stats"))
+    assert all(band.queued == 0 and band.queued_tokens == 0 for band in state.bands)
+    assert len(state.replicas) == replicas, state.replicas
+    stats = state.stats
     ended = stats.get("completed", 0) + stats.get("requeued", 0) + stats.get("expired_granted", 0)
     assert stats.get("granted", 0) == ended, stats
     if not leases_may_expire:
         assert stats.get("expired", 0) == 0, stats
     if client_served is not None:
-        charged = Counter(lua_mapping(state.get("served")))
+        charged = Counter(state.served)
         charged.subtract(served_before or {})
         for tenant, tokens in client_served.items():
             assert charged[tenant] == tokens, (tenant, charged[tenant], tokens)

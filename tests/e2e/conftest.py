@@ -14,10 +14,10 @@ import pytest
 import redis
 
 from gateway.cli import main as fleetgate
-from gateway.queue.keys import QueueKeys
+from fleet.keys import QueueKeys
 from gateway.tenants import hash_key
 from tests.conftest import REPO_ROOT, TINY_MODEL_NAME
-from bench.serve_launcher import serve_run
+from tests.support.serve_launcher import serve_run
 from tests.ledger import snapshot
 
 SLOTS_PER_REPLICA = 4
@@ -90,7 +90,7 @@ def base_url(tiny_model_path: Path, redis_url: str, tenants_file: Path, api_keys
         client = redis.Redis.from_url(redis_url)
         keys = QueueKeys(namespace="local")
         gateways = [s for s in client.smembers(keys.metrics_sources()) if s.startswith(b"gateway:")]
-        return len(snapshot(redis_url)["replicas"] or []) == REPLICAS and len(gateways) == GATEWAY_REPLICAS
+        return len(snapshot(redis_url).replicas) == REPLICAS and len(gateways) == GATEWAY_REPLICAS
 
     with serve_run(REPO_ROOT / "deploy" / "local.yaml", serve_work_dir,
                    env={"REDIS_URL": redis_url}, edit=for_tests, ready=every_replica_up,

@@ -50,7 +50,7 @@ async def _flood_then(base_url: str, redis_url: str, flood_key: str, flood_band:
 async def _until_backlog(redis_url: str, flood: list[asyncio.Task], tickets: int, timeout_s: float = 120) -> None:
     """Wait until ``tickets`` wait in the global queue; fail at once if a flood request failed or all ended."""
     deadline = time.monotonic() + timeout_s
-    while sum(band["queued"] for band in (await asyncio.to_thread(snapshot, redis_url))["bands"]) < tickets:
+    while sum(band.queued for band in (await asyncio.to_thread(snapshot, redis_url)).bands) < tickets:
         for task in (t for t in flood if t.done()):
             task.result()  # re-raises a flood request's failure (its status and body)
         assert not all(t.done() for t in flood), f"the whole flood was served before {tickets} of it queued"

@@ -160,7 +160,7 @@ def test_short_prompts_spill_over_and_a_deadline_expires_in_a_full_fleet(base_ur
                 await client.post("/v1/completions", headers=auth(api_keys["calm"]), timeout=1.0,
                                   json={"model": TINY_MODEL_NAME, "prompt": "impatient", "max_tokens": 2})
             deadline = time.monotonic() + 10  # its ticket is withdrawn: only the 8 holders' tickets remain
-            while (await asyncio.to_thread(snapshot, redis_url))["tickets"] != 2 * SLOTS_PER_REPLICA:
+            while (await asyncio.to_thread(snapshot, redis_url)).tickets != 2 * SLOTS_PER_REPLICA:
                 assert time.monotonic() < deadline, "an abandoned request's ticket stayed in the queue"
                 await asyncio.sleep(0.1)
         return pools, late  # leaving the block closes the streams mid-way: the engine requests are aborted

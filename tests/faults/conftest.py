@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from gateway.queue.keys import QueueKeys
-from gateway.queue.local_redis import RedisProcess
+from fleet.keys import QueueKeys
+from tests.support.local_redis import RedisProcess
 from tests.conftest import REPO_ROOT
-from bench.serve_launcher import serve_run
+from tests.support.serve_launcher import serve_run
 from tests.ledger import snapshot
 
 GATEWAYS = 2
@@ -114,7 +114,7 @@ def fleet(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         args["metrics"] = {"publish_interval_s": 1.0}
 
     def ready() -> bool:
-        return (len(snapshot(server.url)["replicas"] or []) == REPLICAS
+        return (len(snapshot(server.url).replicas) == REPLICAS
                 and len(gateways_publishing(server.url)) == GATEWAYS)
 
     try:

@@ -31,7 +31,7 @@ def _short(fleet: Fleet, timeout_s: float = 120, **headers: str) -> httpx.Respon
 
 
 def _replica_ids(fleet: Fleet, pool: str) -> set[str]:
-    return {r["replica_id"] for r in snapshot(fleet.redis_url)["replicas"] or [] if r["pool"] == pool}
+    return {r.replica_id for r in snapshot(fleet.redis_url).replicas if r.pool == pool}
 
 
 def test_vllm_replica_killed_mid_stream(fleet: Fleet) -> None:
@@ -88,7 +88,7 @@ def test_redis_restart(fleet: Fleet) -> None:
     replies = asyncio.run(burst())
     assert [r.status_code for r in replies] == [200] * 3 * SLOTS, [r.text[:200] for r in replies if r.status_code != 200]
     state = assert_ledger_balanced(fleet.redis_url, REPLICAS)  # nothing double-granted after the restart
-    assert state["stats"]["granted"] == state["stats"]["completed"]
+    assert state.stats["granted"] == state.stats["completed"]
 
 
 def test_gateway_replica_killed(fleet: Fleet) -> None:

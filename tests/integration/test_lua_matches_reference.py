@@ -11,11 +11,14 @@ from __future__ import annotations
 import random
 import uuid
 
-import pytest
-import redis
+from typing import Any
 
-from gateway.queue.keys import QueueKeys
-from gateway.queue.redis_queue import BlockingGlobalQueue, QueueSettings
+import pytest
+import redis.asyncio as aioredis
+
+from fleet.keys import QueueKeys
+from fleet.blocking import blocking
+from fleet.queue import GlobalQueue, QueueSettings
 from policies.reference_scheduler import ReferenceScheduler
 from policies.types import BandPolicy, ReplicaCapacity, TicketSpec
 
@@ -32,9 +35,9 @@ FLOWS = ["", "", "chat", "batch-job"]
 WEIGHTS = {"acme": 1.0, "blue": 2.0, "core": 0.5, "delta": 3.0}
 
 
-def _queues(redis_url: str) -> tuple[BlockingGlobalQueue, ReferenceScheduler]:
+def _queues(redis_url: str) -> tuple[Any, ReferenceScheduler]:
     keys = QueueKeys(namespace=f"t{uuid.uuid4().hex[:12]}")
-    lua = BlockingGlobalQueue(redis.Redis.from_url(redis_url), keys, QueueSettings(BANDS, lease_ms=LEASE_MS))
+    lua = blocking(lambda: GlobalQueue(aioredis.Redis.from_url(redis_url), keys, QueueSettings(BANDS, lease_ms=LEASE_MS)))
     return lua, ReferenceScheduler(list(BANDS), max_grants_per_dispatch=lua.settings.max_grants)
 
 
@@ -48,25 +51,24 @@ def _replica(rng: random.Random, replica_id: str, uniform: bool) -> ReplicaCapac
                            accepts=accepts, prefers=prefers, pool=rng.choice(["latency", "throughput"]))
 
 
-def _state_matches(lua: BlockingGlobalQueue, ref: ReferenceScheduler, now: int) -> None:
+def _state_matches(lua: Any, ref: ReferenceScheduler, now: int) -> None:
     snapshot = lua.snapshot(now)
-    for band in snapshot["bands"]:
-        assert (band["queued"], band["queued_tokens"]) == ref.queued(band["name"])
-        counters = band["counters"] if isinstance(band["counters"], dict) else {}
-        for tenant, value in counters.items():
-            assert float(value) == ref.counter(band["name"], tenant), (band["name"], tenant)
-        depth = band["tenants"] if isinstance(band["tenants"], dict) else {}
-        assert {t: (d["queued"], d["queued_tokens"]) for t, d in depth.items()} == ref.waiting_by_tenant(band["name"])
+    for band in snapshot.bands:
+        assert (band.queued, band.queued_tokens) == ref.queued(band.name)
+        for tenant, value in band.counters.items():
+            assert value == ref.counter(band.name, tenant), (band.name, tenant)
+        depth = {t: (d.queued, d.queued_tokens) for t, d in band.tenants.items()}
+        assert depth == ref.waiting_by_tenant(band.name)
         for tenant in TENANTS:
-            raw = lua.client.hgetall(f"{lua.keys.prefix}fc:{band['name']}:{tenant}")
+            raw = lua.run(lua.client.hgetall(lua.keys.flow_counters(band.name, tenant)))
             flows = {flow.decode(): float(value) for flow, value in raw.items()}
             for flow in FLOWS:
-                want = ref.flow_counter(band["name"], tenant, flow)
-                assert flows.get(flow, None if want is None else 0.0) == want, (band["name"], tenant, flow)
-    lua_replicas = {r["replica_id"]: (r["slots_free"], r["tokens_free"]) for r in snapshot["replicas"] or []}
+                want = ref.flow_counter(band.name, tenant, flow)
+                assert flows.get(flow, None if want is None else 0.0) == want, (band.name, tenant, flow)
+    lua_replicas = {r.replica_id: (r.slots_free, r.tokens_free) for r in snapshot.replicas}
     assert lua_replicas == {r.replica_id: (r.slots_free, r.tokens_free) for r in ref.replicas.values()}
-    assert snapshot["tickets"] == len(ref.tickets)
-    assert (snapshot["served"] if isinstance(snapshot["served"], dict) else {}) == ref.served
+    assert snapshot.tickets == len(ref.tickets)
+    assert snapshot.served == ref.served
 
 
 @pytest.mark.parametrize("uniform", [False, True], ids=["mixed-replicas", "identical-replicas"])
@@ -91,9 +93,7 @@ def test_random_workload_same_decisions(redis_url: str, seed: int, uniform: bool
             )
             spec = TicketSpec(**{**spec.__dict__, "weight": WEIGHTS[spec.tenant]})
             got = lua.enqueue(spec, now)
-            want, want_grants = ref.enqueue(spec, now, LEASE_MS)
-            assert got.status == ("admitted" if want.admitted else want.reason)
-            assert got.grants == want_grants
+            assert got == ref.enqueue(spec, now, LEASE_MS)
             if got.admitted:
                 waiting.append(spec.ticket_id)
             outcome = got.grants
@@ -105,18 +105,21 @@ def test_random_workload_same_decisions(redis_url: str, seed: int, uniform: bool
             ticket_id = granted.pop(rng.randrange(len(granted)))
             ticket = ref.tickets.get(ticket_id)
             actual = rng.randint(0, ticket.spec.cost) if ticket else 1
-            done, outcome = lua.complete(ticket_id, actual, now)
-            assert (done, outcome) == ref.complete(ticket_id, actual, now)
+            result = lua.complete(ticket_id, actual, now)
+            assert result == ref.complete(ticket_id, actual, now)
+            outcome = result.grants
         elif op < 0.82 and waiting:
             ticket_id = waiting.pop(rng.randrange(len(waiting)))
-            status, outcome = lua.cancel(ticket_id, now)
-            assert (status, outcome) == ref.cancel(ticket_id, now)
-            if status == "granted":
+            result = lua.cancel(ticket_id, now)
+            assert result == ref.cancel(ticket_id, now)
+            outcome = result.grants
+            if result.status == "granted":
                 granted.append(ticket_id)
         elif op < 0.86 and granted:
             ticket_id = rng.choice(granted)
-            moved, outcome = lua.requeue(ticket_id, now)
-            assert (moved, outcome) == ref.requeue(ticket_id, now)
+            result = lua.requeue(ticket_id, now)
+            assert result == ref.requeue(ticket_id, now)
+            outcome = result.grants
         elif op < 0.93:
             alive = [t for t in waiting + granted if rng.random() < 0.8]
             assert lua.renew(alive, now) == ref.renew(alive, now, LEASE_MS)

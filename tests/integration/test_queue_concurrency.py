@@ -15,9 +15,9 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from gateway.queue.keys import QueueKeys
-from gateway.queue.redis_queue import QueueSettings, RedisGlobalQueue
-from gateway.queue.session import QueueDeadlineExpired, QueueSession, QueueTicketLost
+from fleet.keys import QueueKeys
+from fleet.queue import GlobalQueue, QueueSettings
+from fleet.session import QueueDeadlineExpired, QueueSession, QueueTicketLost
 from policies.types import BandPolicy, ReplicaCapacity, TicketSpec
 
 pytestmark = pytest.mark.integration
@@ -28,12 +28,12 @@ TASKS_PER_GATEWAY = 40
 REPLICAS = {"replica-a": (3, 2000), "replica-b": (2, 1500)}
 
 
-def _queue(redis_url: str, namespace: str, lease_ms: int = 15_000) -> RedisGlobalQueue:
-    return RedisGlobalQueue(aioredis.Redis.from_url(redis_url), QueueKeys(namespace=namespace),
+def _queue(redis_url: str, namespace: str, lease_ms: int = 15_000) -> GlobalQueue:
+    return GlobalQueue(aioredis.Redis.from_url(redis_url), QueueKeys(namespace=namespace),
                             QueueSettings(BANDS, lease_ms=lease_ms))
 
 
-async def _register(queue: RedisGlobalQueue) -> None:
+async def _register(queue: GlobalQueue) -> None:
     for replica_id, (slots, tokens) in REPLICAS.items():
         await queue.register_replica(ReplicaCapacity(replica_id, slots, tokens), lease_ms=600_000)
 
@@ -70,11 +70,11 @@ async def test_many_gateways_every_ticket_ends_exactly_once(redis_url: str) -> N
     for replica_id, (slots, _) in REPLICAS.items():
         assert peak[replica_id] <= slots, "a replica never runs more than its slots"
     snapshot = await _queue(redis_url, namespace).snapshot()
-    assert snapshot["tickets"] == 0
-    assert snapshot["stats"]["granted"] == snapshot["stats"]["completed"] == GATEWAYS * TASKS_PER_GATEWAY
-    assert snapshot["stats"]["served_tokens"] == sum(served)
-    for replica in snapshot["replicas"]:
-        assert (replica["slots_free"], replica["tokens_free"]) == (replica["slots_total"], replica["tokens_total"])
+    assert snapshot.tickets == 0
+    assert snapshot.stats["granted"] == snapshot.stats["completed"] == GATEWAYS * TASKS_PER_GATEWAY
+    assert snapshot.stats["served_tokens"] == sum(served)
+    for replica in snapshot.replicas:
+        assert replica.idle
 
 
 async def test_dead_gateway_leases_expire_and_capacity_returns(redis_url: str) -> None:
@@ -86,13 +86,13 @@ async def test_dead_gateway_leases_expire_and_capacity_returns(redis_url: str) -
     granted = [await queue.enqueue(spec) for spec in specs]  # 5 slots: 5 granted, 3 waiting
     assert sum(len(result.grants) for result in granted) == 5
     # the gateway dies: nothing renews its leases; a sweep one lease later reclaims everything
-    later = (await queue.snapshot())["now_ms"] + 1_001
+    later = (await queue.snapshot()).now_ms + 1_001
     await queue.expire(now_ms=later)
     snapshot = await queue.snapshot(now_ms=later)
-    assert snapshot["tickets"] == 0 and snapshot["stats"]["expired"] == 8
-    assert all(band["queued"] == 0 for band in snapshot["bands"])
-    for replica in snapshot["replicas"]:
-        assert (replica["slots_free"], replica["tokens_free"]) == (replica["slots_total"], replica["tokens_total"])
+    assert snapshot.tickets == 0 and snapshot.stats["expired"] == 8
+    assert all(band.queued == 0 for band in snapshot.bands)
+    for replica in snapshot.replicas:
+        assert replica.idle
 
 
 async def test_deadline_withdraws_the_ticket(redis_url: str) -> None:
@@ -103,7 +103,7 @@ async def test_deadline_withdraws_the_ticket(redis_url: str) -> None:
     with pytest.raises(QueueDeadlineExpired):
         await session.admit(spec, timeout_s=0.3)
     snapshot = await queue.snapshot()
-    assert snapshot["tickets"] == 0 and snapshot["stats"]["cancelled"] == 1
+    assert snapshot.tickets == 0 and snapshot.stats["cancelled"] == 1
     await session.close()
 
 
@@ -113,12 +113,12 @@ async def test_cancelled_waiter_leaves_nothing_behind(redis_url: str) -> None:
     session = QueueSession(queue, aioredis.Redis.from_url(redis_url))
     spec = TicketSpec(session.new_ticket_id(), "t", "batch", 50, owner=session.owner)
     waiter = asyncio.create_task(session.admit(spec, timeout_s=30))
-    while (await queue.snapshot())["tickets"] == 0:  # the ticket is in Redis, waiting
+    while (await queue.snapshot()).tickets == 0:  # the ticket is in Redis, waiting
         await asyncio.sleep(0.01)
     waiter.cancel()  # the client went away while queued
     with pytest.raises(asyncio.CancelledError):
         await waiter
-    assert (await queue.snapshot())["tickets"] == 0
+    assert (await queue.snapshot()).tickets == 0
     assert session.owned == frozenset()
     await session.close()
 
@@ -129,7 +129,7 @@ async def test_a_ticket_the_queue_lost_is_answered_at_once(redis_url: str) -> No
     session = QueueSession(queue, aioredis.Redis.from_url(redis_url))
     spec = TicketSpec(session.new_ticket_id(), "t", "batch", 50, owner=session.owner)
     waiter = asyncio.create_task(session.admit(spec, timeout_s=60))
-    while (await queue.snapshot())["tickets"] == 0:
+    while (await queue.snapshot()).tickets == 0:
         await asyncio.sleep(0.01)
     client = redis.Redis.from_url(redis_url)
     client.delete(*client.keys(f"fg:{{{namespace}}}:*"))  # as if Redis restarted empty
@@ -141,7 +141,7 @@ async def test_a_ticket_the_queue_lost_is_answered_at_once(redis_url: str) -> No
 
 
 async def test_redis_url_with_password(tmp_path) -> None:
-    from gateway.queue.local_redis import running_redis
+    from tests.support.local_redis import running_redis
 
     with running_redis(tmp_path, password="s3cret-pw") as url:
         queue = _queue(url, "auth")
@@ -158,9 +158,9 @@ async def test_redis_over_tls_with_auth(tmp_path) -> None:
     import subprocess
     from pathlib import Path
 
-    from gateway.config import QueueConfig
-    from gateway.queue.factory import global_queue, redis_client
-    from gateway.queue.local_redis import redis_server_binary
+    from fleet.config import QueueConfig
+    from fleet.connection import global_queue, redis_client
+    from tests.support.local_redis import redis_server_binary
 
     with_tls = [b for b in (redis_server_binary(), "/usr/bin/redis-server", "/usr/local/bin/redis-server")
                 if Path(b).exists() and "libssl" in subprocess.run(["ldd", b], capture_output=True, text=True).stdout]
@@ -173,7 +173,7 @@ async def test_redis_over_tls_with_auth(tmp_path) -> None:
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
                     "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
                    check=True, capture_output=True)
-    from bench.serve_launcher import free_port
+    from tests.support.serve_launcher import free_port
 
     port = free_port()
     server = subprocess.Popen([binary, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--save", "",
@@ -198,3 +198,30 @@ async def test_redis_over_tls_with_auth(tmp_path) -> None:
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+async def test_a_burst_larger_than_the_connection_pool_waits_instead_of_failing(redis_url: str) -> None:
+    """1,000 concurrent requests through one gateway's session with 8 Redis connections: every one is
+    granted and finished; none fails for want of a connection (redis-py's default pool raises at its cap)."""
+    from fleet.config import QueueConfig
+    from fleet.connection import global_queue, redis_client
+
+    config = QueueConfig(redis_url=redis_url, namespace=f"b{uuid.uuid4().hex[:10]}", redis_max_connections=8,
+                         redis_pool_timeout_s=60)
+    queue = global_queue(config, redis_client(config))
+    await queue.register_replica(ReplicaCapacity("wide", slots_total=64, tokens_total=10**9), lease_ms=600_000)
+    session = QueueSession(queue, redis_client(config, max_connections=2))
+
+    async def request(index: int) -> None:
+        spec = TicketSpec(session.new_ticket_id(), tenant=f"tenant-{index % 7}", band="interactive", cost=50,
+                          owner=session.owner)
+        await session.admit(spec, timeout_s=120)
+        assert await session.finish(spec.ticket_id, 40)
+
+    try:
+        await asyncio.gather(*(request(i) for i in range(1000)))
+        snapshot = await queue.snapshot()
+    finally:
+        await session.close()
+    assert snapshot.stats["granted"] == snapshot.stats["completed"] == 1000
+    assert snapshot.tickets == 0 and all(replica.idle for replica in snapshot.replicas)

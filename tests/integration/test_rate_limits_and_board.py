@@ -14,9 +14,9 @@ import uuid
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.metrics_board import MetricsBoard
-from gateway.queue.keys import QueueKeys
-from gateway.queue.rate_limits import RateLimiter
+from fleet.metrics_board import MetricsBoard
+from fleet.keys import QueueKeys
+from fleet.rate_limits import RateLimiter
 from gateway.tenants import RateLimits
 
 pytestmark = pytest.mark.integration

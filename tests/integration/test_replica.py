@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from replicas.cpu_binding import CpuBinding
 from replicas.engine_settings import EngineSettings
+from replicas.spec import ReplicaSpec
 from tests.conftest import REPO_ROOT, TINY_MODEL_NAME
 
 pytestmark = pytest.mark.integration
@@ -37,10 +39,10 @@ def replica(tiny_model_path: Path) -> Iterator[object]:
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     deployment = serve.deployment(VLLMReplica).options(name="vllm-it", ray_actor_options={"num_cpus": 0.5})
-    app = deployment.bind(
-        str(tiny_model_path), TINY_MODEL_NAME, ENGINE.model_dump(), {"cores_per_replica": 1},
-        str(REPO_ROOT / ".cache" / "runtime"),
-    )
+    app = deployment.bind(ReplicaSpec(
+        model_path=str(tiny_model_path), served_model_name=TINY_MODEL_NAME, engine=ENGINE.model_dump(),
+        cpu_binding=CpuBinding(cores_per_replica=1), cache_dir=str(REPO_ROOT / ".cache" / "runtime"),
+    ))
     handle = serve.run(app, name="replica-it", route_prefix=None)
     yield handle
     serve.shutdown()

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from bench.live import _simulated_fleet
-from bench.serve_launcher import REPO_ROOT, serve_run
+from tests.support.serve_launcher import REPO_ROOT, serve_run
 from tests.ledger import assert_ledger_balanced, snapshot
 
 pytestmark = pytest.mark.integration
@@ -39,7 +39,7 @@ def test_gateway_serves_a_burst_on_a_simulated_fleet(tmp_path: Path, redis_url: 
         args["queue"]["namespace"] = NAMESPACE
         _simulated_fleet(args, "gateway", "gpu-h100-llama3-8b", REPLICAS)
 
-    ready = lambda: len(snapshot(redis_url, NAMESPACE)["replicas"] or []) == REPLICAS  # noqa: E731
+    ready = lambda: len(snapshot(redis_url, NAMESPACE).replicas) == REPLICAS  # noqa: E731
     with serve_run(REPO_ROOT / "deploy" / "local.yaml", tmp_path, env={"REDIS_URL": redis_url}, edit=edit,
                    ready=ready) as base_url:
         results = asyncio.run(_burst(base_url, 120))

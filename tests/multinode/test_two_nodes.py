@@ -17,9 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.queue.local_redis import running_redis
+from tests.support.local_redis import running_redis
 from tests.conftest import REPO_ROOT, TINY_MODEL_NAME
-from bench.serve_launcher import free_port, serve_run
+from tests.support.serve_launcher import free_port, serve_run
 from tests.ledger import assert_ledger_balanced, snapshot
 
 pytestmark = pytest.mark.multinode
@@ -62,7 +62,7 @@ def base_url(cluster: str, tiny_model_path: Path,
     with running_redis(work_dir) as redis_url:
 
         def ready() -> bool:
-            return len(snapshot(redis_url)["replicas"] or []) == 2
+            return len(snapshot(redis_url).replicas) == 2
 
         env = {key: value for key, value in os.environ.items() if key != "REDIS_URL"}
         with serve_run(REPO_ROOT / "deploy" / "local.yaml", work_dir, ready=ready,

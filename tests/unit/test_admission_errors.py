@@ -4,7 +4,7 @@ import pytest
 import redis
 
 from gateway.admission import admission_error
-from gateway.queue.session import QueueDeadlineExpired, QueueRejected, QueueTicketLost
+from fleet.session import QueueDeadlineExpired, QueueRejected, QueueTicketLost
 
 
 @pytest.mark.parametrize(

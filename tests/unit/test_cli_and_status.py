@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from fleet.snapshot import QueueSnapshot
 from gateway.cli import main
 from gateway.status_view import render_status
 from gateway.tenants import TenantRegistry, TenantsFile
@@ -42,7 +43,7 @@ def test_check_validates_against_the_configs_bands(tmp_path: Path, capsys: pytes
 
 
 def test_status_view_shows_bands_tenants_replicas_and_gateways() -> None:
-    snapshot = {
+    snapshot = QueueSnapshot.model_validate({
         "now_ms": 1_000_000,
         "bands": [{"name": "interactive", "queued": 0, "queued_tokens": 0, "tenants": {}, "counters": {}},
                   {"name": "batch", "queued": 3, "queued_tokens": 900,
@@ -51,7 +52,7 @@ def test_status_view_shows_bands_tenants_replicas_and_gateways() -> None:
                       "tokens_total": 1000, "tokens_free": 400, "accepts": "long,short", "prefers": "long",
                       "expires_ms": 1_004_000}],
         "stats": {"granted": 10, "completed": 7}, "tickets": 6,
-    }
+    })
     view = render_status(snapshot, "local", "redis://127.0.0.1:6399/0", ["gateway:gw-a", "replica:r1"])
     assert "etl" in view and "3/4" in view and "600/1000" in view and "throughput" in view
     assert "gateways publishing: 1 (gw-a)" in view and "granted=10" in view

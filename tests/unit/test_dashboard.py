@@ -9,7 +9,8 @@ from pathlib import Path
 from prometheus_client import generate_latest
 
 from gateway.metrics import GatewayMetrics
-from gateway.metrics_board import queue_families
+from fleet.snapshot import QueueSnapshot
+from gateway.metrics_render import queue_families
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "fleetgate-dashboard.json"
 VLLM_METRICS = {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
@@ -21,7 +22,7 @@ def _exported() -> set[str]:
     metrics = GatewayMetrics()
     for family in metrics.registry.collect():
         names |= {f"{family.name}{suffix}" for suffix in ("", "_total", "_bucket", "_count", "_sum")}
-    snapshot = {"bands": [], "replicas": [], "stats": {}}
+    snapshot = QueueSnapshot.model_validate({"now_ms": 0, "bands": [], "replicas": [], "stats": {}})
     names |= {family.name for family in queue_families(snapshot)} | {"fleetgate_queue_events_total"}
     assert generate_latest(metrics.registry)
     return names

@@ -7,6 +7,7 @@ import pytest
 from gateway.errors import InvalidHeader
 from gateway.headers import read_headers, read_tenant_id, request_id_of
 from policies.classification import LengthClasses, estimate_cost
+from policies.gate import open_replicas
 from policies.placement import choose_replica, pool_for_class
 from policies.priority import BandNotAllowed, resolve_band
 from policies.types import ReplicaCapacity
@@ -81,12 +82,16 @@ def test_long_prompts_go_to_the_preferring_pool_and_short_ones_spill_over() -> N
     throughput = ReplicaCapacity("thr", 4, 10_000, accepts=frozenset({"short", "long"}),
                                  prefers=frozenset({"long"}), pool="throughput")
     replicas = [latency, throughput]
-    assert choose_replica(replicas, 100, "short") is latency  # preferred, though the other has more free slots
-    assert choose_replica(replicas, 3000, "long") is throughput
+
+    def place(cost: int, length_class: str) -> ReplicaCapacity | None:  # gate, then filter -> scorer -> picker
+        return choose_replica(open_replicas(replicas), cost, length_class)
+
+    assert place(100, "short") is latency  # preferred, though the other has more free slots
+    assert place(3000, "long") is throughput
     latency.slots_free = 0
-    assert choose_replica(replicas, 100, "short") is throughput  # spill-over onto free capacity
+    assert place(100, "short") is throughput  # spill-over onto free capacity
     throughput.slots_free = 0
-    assert choose_replica(replicas, 3000, "long") is None  # never onto the latency pool
+    assert place(3000, "long") is None  # never onto the latency pool
 
 
 def test_without_the_queue_each_class_goes_to_its_preferred_pool() -> None:

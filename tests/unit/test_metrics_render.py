@@ -5,8 +5,9 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from fleet.snapshot import QueueSnapshot
 from gateway.metrics import GatewayMetrics
-from gateway.metrics_board import render_fleet
+from gateway.metrics_render import render_fleet
 
 
 def _samples(text: bytes) -> dict[tuple, float]:
@@ -23,13 +24,13 @@ def test_merges_sources_and_adds_queue_gauges() -> None:
     first.grants.labels("acme", "interactive", "short", "latency").inc()
     second.grants.labels("acme", "interactive", "short", "latency").inc(2)
     first.observe_stream("interactive", 10.0, [10.5, 10.52, 10.6])
-    snapshot = {
+    snapshot = QueueSnapshot.model_validate({
         "bands": [{"name": "interactive", "queued": 2, "queued_tokens": 300,
                    "tenants": {"acme": {"queued": 2, "queued_tokens": 300}}}],
         "replicas": [{"replica_id": "r1", "pool": "latency", "slots_total": 4, "slots_free": 1,
                       "tokens_total": 100, "tokens_free": 40}],
         "stats": {"granted": 3, "rejected:queue_full": 1},
-    }
+    })
     vllm_text = '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name="m"} 3.0\n'
     entries = [({"gateway": "a"}, generate_latest(first.registry).decode()),
                ({"gateway": "b"}, generate_latest(second.registry).decode()),
@@ -50,9 +51,9 @@ def test_merges_sources_and_adds_queue_gauges() -> None:
 
 
 def test_tenant_labels_can_be_blanked() -> None:
-    snapshot = {"bands": [{"name": "b", "queued": 3, "queued_tokens": 30,
+    snapshot = QueueSnapshot.model_validate({"bands": [{"name": "b", "queued": 3, "queued_tokens": 30,
                            "tenants": {"x": {"queued": 1, "queued_tokens": 10},
-                                       "y": {"queued": 2, "queued_tokens": 20}}}], "replicas": [], "stats": {}}
+                                       "y": {"queued": 2, "queued_tokens": 20}}}], "replicas": [], "stats": {}})
     samples = _samples(render_fleet([], snapshot, tenant_labels=False))
     assert samples[("fleetgate_queue_depth", (("band", "b"), ("tenant", "")))] == 3
     assert GatewayMetrics(tenant_labels=False).tenant("acme") == ""

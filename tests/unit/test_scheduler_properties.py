@@ -171,8 +171,9 @@ def _run(ops, replicas: list[ReplicaCapacity], on_grants) -> None:
         if op[0] == "enqueue":
             _, band, tenant, cost, length_class = op
             spec = TicketSpec(f"t{index}", tenant, band, cost, WEIGHTS[tenant], length_class)
-            admission, grants = scheduler.enqueue(spec, now, LEASE)
-            if admission.admitted:
+            result = scheduler.enqueue(spec, now, LEASE)
+            grants = result.grants
+            if result.admitted:
                 arrived[spec.ticket_id] = (band, now)
         elif op[0] == "complete" and granted_ids:
             _, grants = scheduler.complete(granted_ids[op[1] % len(granted_ids)], op[2], now)
@@ -180,7 +181,7 @@ def _run(ops, replicas: list[ReplicaCapacity], on_grants) -> None:
             requeued = granted_ids[op[1] % len(granted_ids)]
             _, grants = scheduler.requeue(requeued, now)
         elif op[0] == "cancel" and waiting_ids:
-            _, grants = scheduler.cancel(waiting_ids[op[1] % len(waiting_ids)], now)
+            grants = scheduler.cancel(waiting_ids[op[1] % len(waiting_ids)], now).grants
         elif op[0] == "tick":
             now += op[1]
             grants = scheduler.expire(now)

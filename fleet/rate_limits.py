@@ -9,11 +9,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import redis.asyncio as aioredis
 
-from gateway.queue.keys import QueueKeys
-from gateway.tenants import RateLimits
+from fleet.keys import QueueKeys
+
+
+class RateLimits(Protocol):
+    """A tenant's limits (None: unlimited), as the tenants file states them."""
+
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
 
 _SCRIPT = (Path(__file__).with_name("lua") / "rate_limit.lua").read_text()
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 START_TIMEOUT_S = 420
 

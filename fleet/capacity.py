@@ -10,6 +10,9 @@ import asyncio
 import logging
 from typing import Any
 
+from fleet.config import QueueConfig
+from fleet.connection import global_queue, redis_client
+from fleet.metrics_board import MetricsBoard, MetricsPublisher
 from policies.types import ReplicaCapacity
 
 logger = logging.getLogger(__name__)
@@ -18,11 +21,7 @@ logger = logging.getLogger(__name__)
 class CapacityRegistration:
     """Keeps one replica's capacity lease alive in the global queue."""
 
-    def __init__(self, queue_config: dict[str, Any], capacity: ReplicaCapacity) -> None:
-        from gateway.config import QueueConfig
-        from gateway.queue.factory import global_queue, redis_client
-
-        config = QueueConfig.model_validate(queue_config)
+    def __init__(self, config: QueueConfig, capacity: ReplicaCapacity) -> None:
         self._queue = global_queue(config, redis_client(config))
         self._capacity = capacity
         self._lease_ms = int(config.lease_s * 1000)
@@ -47,8 +46,6 @@ class CapacityRegistration:
     def publish_metrics(self, interval_s: float) -> None:
         """Publish this process's Prometheus registry (vLLM's own ``vllm:*`` metrics) to the fleet's board."""
         from prometheus_client import REGISTRY, generate_latest
-
-        from gateway.metrics_board import MetricsBoard, MetricsPublisher
 
         board = MetricsBoard(self._queue.client, self._queue.keys, ttl_s=3 * interval_s)
         replica = self._capacity.replica_id

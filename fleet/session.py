@@ -17,8 +17,8 @@ from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
 
-from gateway.metrics_board import MetricsBoard
-from gateway.queue.redis_queue import RedisGlobalQueue
+from fleet.metrics_board import MetricsBoard
+from fleet.queue import GlobalQueue
 from policies.types import Grant, TicketSpec
 
 logger = logging.getLogger(__name__)
@@ -43,8 +43,10 @@ class QueueTicketLost(Exception):
 class QueueSession:
     """Admission through the global queue for one gateway replica (owner of its tickets)."""
 
-    def __init__(self, queue: RedisGlobalQueue, blocking_client: aioredis.Redis, owner: str | None = None) -> None:
+    def __init__(self, queue: GlobalQueue, blocking_client: aioredis.Redis, owner: str | None = None,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.queue = queue
+        self._sleep = sleep  # the lease keeper's pause (tests drive it)
         self.owner = owner or f"gw-{uuid.uuid4().hex[:16]}"
         self._blocking = blocking_client
         self._waiting: dict[str, asyncio.Future[Grant]] = {}
@@ -106,7 +108,7 @@ class QueueSession:
         """Put a granted ticket back at the head of its queue and wait for its next grant."""
 
         async def requeue() -> list[Grant]:
-            if not await self.queue.requeue(spec.ticket_id):
+            if not (await self.queue.requeue(spec.ticket_id)).moved:
                 raise QueueDeadlineExpired()
             return []
 
@@ -137,21 +139,20 @@ class QueueSession:
     async def finish(self, ticket_id: str, actual_cost: int) -> bool:
         """Release the grant's capacity and charge ``actual_cost`` (exactly once; later calls are no-ops)."""
         try:
-            return await self.queue.complete(ticket_id, actual_cost)
+            return (await self.queue.complete(ticket_id, actual_cost)).done
         finally:
             self._owned.discard(ticket_id)
 
     async def _withdraw(self, spec: TicketSpec) -> Grant | None:
-        status, replica_id, pool = await self.queue.cancel(spec.ticket_id)
-        if status == "granted":  # the grant won the race with the deadline: use it
-            return Grant(spec.ticket_id, replica_id, spec.band, spec.tenant, pool)
+        result = await self.queue.cancel(spec.ticket_id)
+        if result.status == "granted":  # the grant won the race with the deadline: use it
+            return Grant(spec.ticket_id, result.replica_id, spec.band, spec.tenant, result.pool)
         self._owned.discard(spec.ticket_id)
         return None
 
     async def _abandon(self, spec: TicketSpec) -> None:
         try:
-            status, _, _ = await self.queue.cancel(spec.ticket_id)
-            if status == "granted":
+            if (await self.queue.cancel(spec.ticket_id)).status == "granted":
                 await self.queue.complete(spec.ticket_id, 0)
         except Exception:  # Redis gone: the ticket's lease expires instead
             logger.warning("could not withdraw an abandoned ticket; its lease will expire")
@@ -191,7 +192,7 @@ class QueueSession:
     async def _keep_leases(self) -> None:
         period = max(self.queue.settings.lease_ms / 3000, 0.2)
         while not self._closing:
-            await asyncio.sleep(period)
+            await self._sleep(period)
             try:
                 if self._owned:
                     self._fail_lost(await self.queue.renew(sorted(self._owned)))

@@ -1,0 +1,106 @@
+"""The global queue's declarative config (the ``queue`` block of the app config), shared by the gateway
+and the replicas: bands, length classes, leases and the Redis connection."""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from policies.classification import LengthClasses
+
+
+class BandConfig(BaseModel):
+    """One priority band of the global queue (bands are listed highest first)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", description="Band name, as clients name it.")
+    aging_s: float = Field(0, ge=0, description="Starvation guard: waiting this long promotes a ticket one band.")
+    max_queued: int = Field(10_000, ge=1, description="Most tickets waiting in this band (then 429).")
+    max_queued_tokens: int = Field(50_000_000, ge=1, description="Most estimated tokens waiting (then 429).")
+
+
+class LengthClassConfig(BaseModel):
+    """One prompt-length class; classes are listed shortest first and the last has no bound."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", description="Class name (header, metrics, placement).")
+    max_prompt_tokens: int | None = Field(None, ge=1, description="Longest prompt in this class (None: unbounded).")
+
+
+def _default_length_classes() -> list[LengthClassConfig]:
+    return [LengthClassConfig(name="short", max_prompt_tokens=512), LengthClassConfig(name="long")]
+
+
+def _default_bands() -> list[BandConfig]:
+    return [
+        BandConfig(name="interactive"),
+        BandConfig(name="standard", aging_s=30),
+        BandConfig(name="batch", aging_s=60),
+    ]
+
+
+class QueueConfig(BaseModel):
+    """The Redis-backed global queue: fleet-wide priority bands and token-weighted fairness."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(True, description="Off: forward straight to replicas (Serve's default router).")
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        description="Redis URL (redis://, rediss:// for TLS, user:password@ for AUTH); REDIS_URL overrides.",
+    )
+    redis_max_connections: int = Field(
+        64, ge=2, description="Connections one process opens to Redis at most. A call that finds them all busy "
+        "waits for one (up to redis_pool_timeout_s) instead of failing, so a burst queues instead of answering 503.",
+    )
+    redis_pool_timeout_s: float = Field(
+        10, gt=0, description="Longest a call waits for a free Redis connection before the request gets a 503.",
+    )
+    namespace: str = Field("default", description="Queue namespace: one per independent fleet or model.")
+    bands: list[BandConfig] = Field(default_factory=_default_bands, description="Bands, highest first.")
+    default_band: str = Field("standard", description="Band of a request that names none.")
+    lease_s: float = Field(10, gt=0, description="Ticket and replica lease; renewed every third of it.")
+    max_wait_s: float = Field(120, gt=0, description="Longest a request waits for a grant (then 429).")
+    retry_after_s: int = Field(2, ge=1, description="Retry-After sent with a queue-full or timeout 429.")
+    length_classes: list[LengthClassConfig] = Field(
+        default_factory=_default_length_classes,
+        description="Prompt-length classes, shortest first, the last unbounded (placement and metrics use them).",
+    )
+    default_output_tokens: int = Field(256, ge=1, description="Output estimate when max_tokens is unset.")
+    objectives: dict[str, str] = Field(
+        default_factory=dict,
+        description="x-gateway-inference-objective name -> band (alias for users of the Inference Extension).",
+    )
+
+    @model_validator(mode="after")
+    def _bands_consistent(self) -> "QueueConfig":
+        names = [band.name for band in self.bands]
+        if not names or len(set(names)) != len(names):
+            raise ValueError(f"band names must be unique and non-empty, got {names}")
+        if self.default_band not in names:
+            raise ValueError(f"default_band {self.default_band!r} is not one of {names}")
+        for objective, band in self.objectives.items():
+            if band not in names:
+                raise ValueError(f"objective {objective!r} maps to unknown band {band!r}; bands are {names}")
+        self.length_class_policy()  # raises on bad bounds
+        return self
+
+    @property
+    def band_names(self) -> list[str]:
+        """Band names, highest first."""
+        return [band.name for band in self.bands]
+
+    def vllm_priority(self, band: str) -> int:
+        """The band's vLLM priority: its position, 0 for the highest (vLLM runs lower values first)."""
+        return self.band_names.index(band)
+
+    def length_class_policy(self) -> LengthClasses:
+        """The length classes as the classification policy uses them."""
+        return LengthClasses.from_bounds([(c.name, c.max_prompt_tokens) for c in self.length_classes])
+
+    def resolved_redis_url(self) -> str:
+        """REDIS_URL from the environment when set, else the configured URL."""
+        return os.environ.get("REDIS_URL") or self.redis_url

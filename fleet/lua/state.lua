@@ -1,0 +1,104 @@
+-- Shared part of every global-queue script, first of the library (fleet/queue.py LIBRARY): the calling
+-- convention, key names, tickets, capacity and leases. The policy seams follow it, one file each
+-- (band_order, fairness, ordering, placement, gate), then dispatch. Each file mirrors its module in
+-- policies/ function for function, and policies/reference_scheduler.py composes them as dispatch.lua
+-- does; a test runs random workloads through both and compares every decision. Keep them in lockstep.
+--
+-- Calling convention of every script:
+--   KEYS     the namespace's fixed keys, in fleet/keys.py DECLARED order (all share one {hash tag})
+--   ARGV[1]  JSON config: {"bands": [{"name", "aging_ms", "max_queued", "max_queued_tokens"}],
+--            "max_grants": n, "lease_ms": n, "inbox_ttl_ms": n, "keys": {family: prefix}}
+--   ARGV[2]  now in ms, or "" to use the Redis server's clock (production: one clock for all gateways)
+--   ARGV[3]  the script's own JSON payload
+-- Counters are doubles formatted with %.17g so they round-trip exactly (Python floats agree bit for bit).
+
+local CFG = cjson.decode(ARGV[1])
+local NOW
+if ARGV[2] ~= nil and ARGV[2] ~= "" then
+  NOW = tonumber(ARGV[2])
+else
+  local t = redis.call("TIME")
+  NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local PAYLOAD = cjson.decode(ARGV[3])
+
+local BANDS = {}
+local BAND_INDEX = {}
+for i, band in ipairs(CFG.bands) do
+  BANDS[i] = band
+  BAND_INDEX[band.name] = i
+end
+
+local function num(x) return string.format("%.17g", x) end
+
+-- fixed keys (declared), then the data-named families (prefixes from fleet/keys.py)
+local K_VTIME, K_QN, K_QT, K_LEASES = KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local K_REPLICAS, K_STATS, K_SERVED = KEYS[6], KEYS[7], KEYS[8]  -- served: tokens charged per tenant
+local F = CFG.keys
+local function k_ticket(id) return F.ticket .. id end
+local function k_queue(band, tenant, flow) return F.queue .. band .. ":" .. tenant .. "|" .. flow end
+local function k_active(band) return F.active .. band end
+local function k_flows(band, tenant) return F.flows .. band .. ":" .. tenant end
+local function k_flow_vtc(band, tenant) return F.flow_vtc .. band .. ":" .. tenant end
+local function k_tenant_queued(band) return F.tenant_queued .. band end
+local function k_tenant_tokens(band) return F.tenant_tokens .. band end
+local function k_vtc(band) return F.vtc .. band end
+local function k_wait(band) return F.wait .. band end
+local function k_replica(id) return F.replica .. id end
+local function k_inbox(owner) return F.inbox .. owner end
+
+local function ticket_fields(id)
+  local f = redis.call("HMGET", k_ticket(id), "tenant", "band", "cost", "weight", "class", "owner",
+    "granted_to", "reserved", "charged_band", "flow")
+  if not f[1] then return nil end
+  return {id = id, tenant = f[1], band = f[2], cost = tonumber(f[3]), weight = tonumber(f[4]), class = f[5],
+    owner = f[6], granted_to = f[7] or "", reserved = tonumber(f[8] or "0"), charged_band = f[9] or "",
+    flow = f[10] or ""}
+end
+
+-- the ticket's place in its band's bookkeeping (depth per band and tenant, the aging index)
+local function count_waiting(t, band, sign)
+  redis.call("HINCRBY", K_QN, band, sign)
+  redis.call("HINCRBY", K_QT, band, sign * t.cost)
+  if sign > 0 then
+    redis.call("HINCRBY", k_tenant_queued(band), t.tenant, 1)
+    redis.call("HINCRBY", k_tenant_tokens(band), t.tenant, t.cost)
+  elseif redis.call("HINCRBY", k_tenant_queued(band), t.tenant, -1) <= 0 then
+    redis.call("HDEL", k_tenant_queued(band), t.tenant)
+    redis.call("HDEL", k_tenant_tokens(band), t.tenant)
+  else
+    redis.call("HINCRBY", k_tenant_tokens(band), t.tenant, -t.cost)
+  end
+end
+
+local function release(t)
+  local key = k_replica(t.granted_to)
+  if t.granted_to ~= "" and redis.call("EXISTS", key) == 1 then
+    local r = redis.call("HMGET", key, "slots_total", "slots_free", "tokens_total", "tokens_free")
+    local slots = math.min(tonumber(r[1]), tonumber(r[2]) + 1)
+    local tokens = math.min(tonumber(r[3]), tonumber(r[4]) + t.reserved)
+    redis.call("HSET", key, "slots_free", slots, "tokens_free", tokens)
+  end
+  redis.call("HSET", k_ticket(t.id), "reserved", 0)
+  t.reserved = 0
+end
+
+local function delete_ticket(t)
+  redis.call("DEL", k_ticket(t.id))
+  redis.call("ZREM", K_LEASES, t.id)
+end
+
+local function load_replicas()
+  local ids = redis.call("ZRANGE", K_REPLICAS, 0, -1)
+  local replicas = {}
+  for _, id in ipairs(ids) do
+    local r = redis.call("HMGET", k_replica(id), "slots_total", "slots_free", "tokens_total", "tokens_free",
+      "accepts", "prefers", "pool")
+    local rep = {id = id, slots_total = tonumber(r[1]), slots_free = tonumber(r[2]),
+      tokens_total = tonumber(r[3]), tokens_free = tonumber(r[4]), accepts = {}, prefers = {}, pool = r[7]}
+    for class in string.gmatch(r[5] or "", "[^,]+") do rep.accepts[class] = true end
+    for class in string.gmatch(r[6] or "", "[^,]+") do rep.prefers[class] = true end
+    replicas[#replicas + 1] = rep
+  end
+  return replicas
+end

@@ -1,0 +1,151 @@
+"""The global queue's client: one typed method per Lua script, for asyncio code (gateways and replicas).
+
+Each script is the shared library (``LIBRARY``, in order) followed by its own ``.lua`` file, registered
+once with redis-py's ``register_script`` (EVALSHA, reloaded automatically after a Redis restart). Blocking
+code (the status CLI, tests, tools) uses the same class through :func:`fleet.blocking.blocking`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from fleet.keys import QueueKeys
+from fleet.snapshot import QueueSnapshot
+from policies.types import (
+    BandPolicy,
+    CancelResult,
+    CompleteResult,
+    EnqueueResult,
+    Grant,
+    ReplicaCapacity,
+    RequeueResult,
+    TicketSpec,
+)
+
+LUA_DIR = Path(__file__).with_name("lua")
+# the library every script starts with: state, then one file per policy seam, then the dispatch loop
+LIBRARY = ("state", "band_order", "fairness", "ordering", "placement", "gate", "dispatch")
+SCRIPT_NAMES = (
+    "enqueue", "register_replica", "deregister_replica", "complete", "cancel", "requeue", "renew", "expire",
+    "snapshot",
+)  # fmt: skip
+
+
+@cache
+def script_source(name: str) -> str:
+    """The full Lua source of one script: the shared library, then the script body."""
+    return "\n".join((LUA_DIR / f"{part}.lua").read_text() for part in (*LIBRARY, name))
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    """Static settings every script receives: the bands (highest first) and the lease lengths."""
+
+    bands: tuple[BandPolicy, ...]
+    lease_ms: int = 15_000
+    max_grants: int = 256
+    inbox_ttl_ms: int = 60_000
+
+    def to_json(self, keys: QueueKeys) -> str:
+        """The config JSON passed to every script call (with the key families' prefixes)."""
+        return json.dumps({
+            "bands": [
+                {"name": b.name, "aging_ms": b.aging_ms, "max_queued": b.max_queued,
+                 "max_queued_tokens": b.max_queued_tokens}
+                for b in self.bands
+            ],
+            "max_grants": self.max_grants, "lease_ms": self.lease_ms, "inbox_ttl_ms": self.inbox_ttl_ms,
+            "keys": keys.families(),
+        })  # fmt: skip
+
+
+def _grants(raw: Any) -> list[Grant]:
+    # cjson encodes an empty Lua table as {}, not []
+    return [Grant(*item) for item in raw] if isinstance(raw, list) else []
+
+
+def _replica_payload(capacity: ReplicaCapacity, lease_ms: int) -> dict[str, Any]:
+    return {
+        "replica_id": capacity.replica_id, "slots_total": capacity.slots_total,
+        "tokens_total": capacity.tokens_total, "accepts": sorted(capacity.accepts),
+        "prefers": sorted(capacity.prefers), "pool": capacity.pool,
+        "lease_ms": lease_ms,
+    }  # fmt: skip
+
+
+def _ticket_payload(spec: TicketSpec) -> dict[str, Any]:
+    return {
+        "ticket_id": spec.ticket_id, "tenant": spec.tenant, "band": spec.band, "cost": spec.cost,
+        "weight": float(spec.weight), "class": spec.length_class, "owner": spec.owner, "flow": spec.flow,
+    }  # fmt: skip
+
+
+class GlobalQueue:
+    """The Redis global queue of one namespace; every call is one atomic script (reap, apply, dispatch).
+
+    Method for method the same calls, arguments and results as :class:`policies.reference_scheduler.
+    ReferenceScheduler`, with an optional explicit clock (``now_ms``; None: the Redis server's clock).
+    """
+
+    def __init__(self, client: aioredis.Redis, keys: QueueKeys, settings: QueueSettings) -> None:
+        self.client = client
+        self.keys = keys
+        self.settings = settings
+        self._config_json = settings.to_json(keys)
+        self._declared = keys.declared()
+        self._scripts = {name: client.register_script(script_source(name)) for name in SCRIPT_NAMES}
+
+    async def _call(self, name: str, payload: dict[str, Any], now_ms: int | None) -> dict[str, Any]:
+        now = "" if now_ms is None else str(int(now_ms))
+        raw = await self._scripts[name](keys=self._declared, args=[self._config_json, now, json.dumps(payload)])
+        return json.loads(raw)
+
+    async def enqueue(self, spec: TicketSpec, now_ms: int | None = None) -> EnqueueResult:
+        """Admit ``spec`` (or reject it); dispatch runs in the same atomic step."""
+        result = await self._call("enqueue", _ticket_payload(spec), now_ms)
+        return EnqueueResult(result["status"], _grants(result["grants"]))
+
+    async def register_replica(self, capacity: ReplicaCapacity, lease_ms: int, now_ms: int | None = None) -> list[Grant]:
+        """Register or renew a replica's capacity lease."""
+        return _grants((await self._call("register_replica", _replica_payload(capacity, lease_ms), now_ms))["grants"])
+
+    async def deregister_replica(self, replica_id: str, now_ms: int | None = None) -> list[Grant]:
+        """Remove a replica at once (graceful shutdown)."""
+        return _grants((await self._call("deregister_replica", {"replica_id": replica_id}, now_ms))["grants"])
+
+    async def complete(self, ticket_id: str, actual_cost: int, now_ms: int | None = None) -> CompleteResult:
+        """Return a granted ticket's capacity and charge ``actual_cost``; ``done`` is False if it was not granted."""
+        result = await self._call("complete", {"ticket_id": ticket_id, "actual_cost": int(actual_cost)}, now_ms)
+        return CompleteResult(bool(result["done"]), _grants(result["grants"]))
+
+    async def cancel(self, ticket_id: str, now_ms: int | None = None) -> CancelResult:
+        """Withdraw a waiting ticket (see CancelResult for the outcomes)."""
+        result = await self._call("cancel", {"ticket_id": ticket_id}, now_ms)
+        return CancelResult(result["status"], _grants(result["grants"]), result["replica_id"], result["pool"])
+
+    async def requeue(self, ticket_id: str, now_ms: int | None = None) -> RequeueResult:
+        """Put a granted ticket back at the head of its queue (its replica was gone)."""
+        result = await self._call("requeue", {"ticket_id": ticket_id}, now_ms)
+        return RequeueResult(bool(result["moved"]), _grants(result["grants"]))
+
+    async def renew(self, ticket_ids: list[str], now_ms: int | None = None) -> list[str]:
+        """Extend these tickets' leases; returns the ids that no longer exist."""
+        if not ticket_ids:
+            return []
+        payload = {"ticket_ids": ticket_ids, "lease_ms": self.settings.lease_ms}
+        missing = (await self._call("renew", payload, now_ms))["missing"]
+        return list(missing) if isinstance(missing, list) else []
+
+    async def expire(self, now_ms: int | None = None) -> list[Grant]:
+        """Reap expired leases and dispatch."""
+        return _grants((await self._call("expire", {}, now_ms))["grants"])
+
+    async def snapshot(self, now_ms: int | None = None) -> QueueSnapshot:
+        """Bands, counters, queue depths, replicas and totals, as one consistent read."""
+        return QueueSnapshot.model_validate(await self._call("snapshot", {}, now_ms))

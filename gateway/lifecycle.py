@@ -1,0 +1,143 @@
+"""A request's life, top to bottom: authenticate -> parse -> classify -> admit -> forward -> relay -> settle.
+
+:meth:`RequestLifecycle.handle` is the whole path of a completion request. Admission is a strategy (the
+global queue, or the direct no-queue baseline), so the path is the same for both. Whatever happens after
+admission, the request's :class:`Settlement` runs exactly once: from the ``finally`` of
+:meth:`RequestLifecycle._forward_and_relay` for a reply that is not streamed (or failed), and when a
+streamed response is done with, even one that never started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from ray.serve.handle import DeploymentResponseGenerator
+
+from fleet.config import QueueConfig
+from gateway.access import Access
+from gateway.accounting import Settlement, StreamUsage, reported_tokens
+from gateway.admission import AdmissionRequest, AdmissionStrategy, Admitted
+from gateway.classify import RequestClassifier
+from gateway.errors import GatewayError, ModelNotFound, UpstreamUnavailable, from_vllm_error
+from gateway.headers import read_headers, request_id_of
+from gateway.metrics import GatewayMetrics
+from gateway.pools import Pools
+from gateway.relay import SettlingStreamingResponse, relay_lines
+from gateway.request_parsing import Endpoint, ParsedRequest, parse_request, read_body
+from gateway.response_headers import classification_headers
+from replicas.base import MISROUTED
+
+logger = logging.getLogger(__name__)
+
+CLIENT_GONE = 499  # the client went away before the reply (nginx's convention, for logs and metrics)
+
+
+class RequestLifecycle:
+    """Serves completion requests for one gateway replica."""
+
+    def __init__(self, *, served_model_name: str, max_body_bytes: int, queue: QueueConfig, access: Access,
+                 classifier: RequestClassifier, admission: AdmissionStrategy, pools: Pools,
+                 metrics: GatewayMetrics, clock: Callable[[], float] = time.monotonic) -> None:
+        self._served_model_name, self._max_body_bytes, self._queue = served_model_name, max_body_bytes, queue
+        self._access, self._classifier, self._admission = access, classifier, admission
+        self._pools, self._metrics, self._clock = pools, metrics, clock
+
+    async def handle(self, request: Request, endpoint: Endpoint) -> Response:
+        """Answer one completion request (the errors a client can see are raised as GatewayError)."""
+        arrived = self._clock()
+        tenant_id, band, status = "", "", 500
+        try:
+            tenant = self._access.authenticate(request.headers)
+            tenant_id = tenant.id
+            parsed = parse_request(await read_body(request, self._max_body_bytes), endpoint)
+            self._check_model(parsed)
+            self._access.check_model(tenant, parsed.model)
+            asked = read_headers(request.headers, self._queue.band_names, self._queue.objectives)
+            decision = self._access.band(tenant, asked)
+            band = decision.band
+            if decision.capped:
+                self._metrics.capped.labels(self._metrics.tenant(tenant_id), decision.requested, band).inc()
+            size = await self._classifier.classify(parsed, await self._pools.max_model_len())
+            client_wants_usage = _prepare_body(parsed, self._queue.vllm_priority(band))
+            admission = AdmissionRequest(parsed, tenant, decision, asked, size, arrived)
+            place = await self._admission.admit(admission)
+            response = await self._forward_and_relay(admission, place, client_wants_usage)
+            status = response.status_code
+            return response
+        except GatewayError as exc:
+            status = exc.status
+            if self._admission.gateway_id:
+                exc.headers.setdefault("x-fleetgate-gateway", self._admission.gateway_id)
+            raise
+        except asyncio.CancelledError:
+            status = CLIENT_GONE
+            raise
+        finally:
+            self._metrics.requests.labels(self._metrics.tenant(tenant_id), band, str(status)).inc()
+            logger.info("request %s tenant=%s band=%s status=%s %.0f ms", request_id_of(request.headers),
+                        tenant_id or "-", band or "-", status, (self._clock() - arrived) * 1000)
+
+    async def _forward_and_relay(self, admission: AdmissionRequest, place: Admitted,
+                                 client_wants_usage: bool) -> Response:
+        settlement = Settlement(self._metrics, admission.tenant.id, admission.decision.band, admission.arrived,
+                                place, self._clock)
+        served, streaming = 0, False
+        try:
+            header, replies = await self._forward(admission.parsed, place)
+            if header["status"] != 200:
+                raise from_vllm_error(header["body"])
+            headers = classification_headers(admission.decision, admission.size, place.pool, place.queue_ms,
+                                              self._admission.gateway_id)
+            if not header["stream"]:
+                served = reported_tokens(header["body"], admission.size.prompt_tokens)
+                return JSONResponse(header["body"], headers=headers)
+            usage = StreamUsage(admission.size.prompt_tokens, client_wants_usage, self._clock)
+
+            async def on_exit() -> None:
+                replies.cancel()
+                await settlement.settle(usage.total_tokens, usage.chunk_times)
+
+            streaming = True
+            return SettlingStreamingResponse(relay_lines(replies, usage), on_exit, headers)
+        finally:
+            if not streaming:
+                await settlement.settle(served)
+
+    async def _forward(self, parsed: ParsedRequest, place: Admitted) -> tuple[dict[str, Any], DeploymentResponseGenerator]:
+        """Start the request where its place says; a replica that is gone sends it back to be placed again."""
+        while True:
+            replies = self._pools.call(place.pool, place.replica_id, parsed)
+            try:
+                header = await replies.__anext__()
+            except Exception as exc:
+                replies.cancel()
+                raise UpstreamUnavailable(f"The model replica failed: {type(exc).__name__}") from None
+            except BaseException:
+                replies.cancel()
+                raise
+            if header["status"] != MISROUTED:
+                return header, replies
+            await place.requeue()
+
+    def _check_model(self, parsed: ParsedRequest) -> None:
+        if parsed.model != self._served_model_name:
+            raise ModelNotFound(
+                f"The model `{parsed.model}` does not exist; this gateway serves `{self._served_model_name}`.",
+                param="model",
+            )
+
+
+def _prepare_body(parsed: ParsedRequest, vllm_priority: int) -> bool:
+    """Give the body its band's vLLM priority (a client's own is overwritten) and, for a stream, always ask
+    vLLM for the usage chunk (tenants are charged by it); returns whether the client asked for it."""
+    parsed.body["priority"] = vllm_priority
+    client_wants_usage = bool((parsed.body.get("stream_options") or {}).get("include_usage"))
+    if parsed.stream:
+        parsed.body["stream_options"] = {**(parsed.body.get("stream_options") or {}), "include_usage": True}
+    return client_wants_usage

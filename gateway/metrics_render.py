@@ -1,0 +1,76 @@
+"""``GET /metrics`` for the whole fleet: every published source's families merged, plus the queue's gauges."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+from fleet.snapshot import QueueSnapshot
+
+
+def render_fleet(entries: Iterable[tuple[dict[str, str], str]], snapshot: QueueSnapshot | None,
+                 tenant_labels: bool = True) -> bytes:
+    """One Prometheus exposition: every source's families merged, plus the global queue's gauges."""
+    families: dict[str, Metric] = {}
+    for labels, text in entries:
+        for family in text_string_to_metric_families(text):
+            if family.type == "gauge" and family.name.endswith("_created"):
+                continue
+            merged = families.setdefault(family.name, Metric(family.name, family.documentation, family.type))
+            if merged.type != family.type:
+                continue
+            for sample in family.samples:
+                merged.add_sample(sample.name, {**sample.labels, **labels}, sample.value)
+    if snapshot is not None:
+        for family in queue_families(snapshot, tenant_labels):
+            families[family.name] = family
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(list(families.values())))
+    return generate_latest(registry)
+
+
+def queue_families(snapshot: QueueSnapshot, tenant_labels: bool = True) -> list[Metric]:
+    """The global queue's state as gauges: per band and tenant, per replica, and its event totals."""
+    depth = GaugeMetricFamily("fleetgate_queue_depth", "Tickets waiting in the global queue.", labels=["band", "tenant"])
+    tokens = GaugeMetricFamily("fleetgate_queued_tokens", "Estimated tokens of the waiting tickets.",
+                               labels=["band", "tenant"])
+    band_depth = GaugeMetricFamily("fleetgate_band_queue_depth", "Tickets waiting, per band.", labels=["band"])
+    for band in snapshot.bands:
+        band_depth.add_metric([band.name], band.queued)
+        per_tenant: dict[str, list[int]] = {}
+        for tenant, waiting in band.tenants.items():
+            total = per_tenant.setdefault(tenant if tenant_labels else "", [0, 0])
+            total[0] += waiting.queued
+            total[1] += waiting.queued_tokens
+        for tenant, (count, queued_tokens) in sorted(per_tenant.items()):
+            depth.add_metric([band.name, tenant], count)
+            tokens.add_metric([band.name, tenant], queued_tokens)
+    replica_gauges = {
+        name: GaugeMetricFamily(f"fleetgate_replica_{name}", doc, labels=["replica", "pool"])
+        for name, doc in (("slots", "Sequences the replica registered (its max_num_seqs)."),
+                          ("slots_in_use", "Slots held by granted requests."),
+                          ("kv_tokens", "KV-cache tokens the replica registered."),
+                          ("kv_tokens_reserved", "KV-cache tokens reserved by granted requests."))
+    }
+    for replica in snapshot.replicas:
+        key = [replica.replica_id, replica.pool]
+        replica_gauges["slots"].add_metric(key, replica.slots_total)
+        replica_gauges["slots_in_use"].add_metric(key, replica.slots_total - replica.slots_free)
+        replica_gauges["kv_tokens"].add_metric(key, replica.tokens_total)
+        replica_gauges["kv_tokens_reserved"].add_metric(key, replica.tokens_total - replica.tokens_free)
+    events = Metric("fleetgate_queue_events", "Global queue events since the queue began (all gateways).", "counter")
+    for event, count in sorted(snapshot.stats.items()):
+        events.add_sample("fleetgate_queue_events_total", {"event": event.replace(":", "_")}, count)
+    return [depth, tokens, band_depth, *replica_gauges.values(), events]
+
+
+
+class _Families:
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> list[Metric]:
+        return self._families

@@ -1,0 +1,44 @@
+"""The gateway's handles to its replica pools: forwarding a request, and the model listing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+
+from gateway.errors import UpstreamUnavailable
+from gateway.request_parsing import ParsedRequest
+from gateway.routing import GRANT_KWARG
+
+
+class Pools:
+    """One Serve deployment handle per pool; the first pool is the default."""
+
+    def __init__(self, handles: dict[str, DeploymentHandle]) -> None:
+        if not handles:
+            raise ValueError("the gateway needs at least one replica pool")
+        self._handles = handles
+        self._default = next(iter(handles))
+        self._listing: dict[str, Any] | None = None
+
+    def call(self, pool: str, replica_id: str | None, parsed: ParsedRequest) -> DeploymentResponseGenerator:
+        """Start the request on ``pool`` (on ``replica_id`` when a grant names one).
+
+        A pool this gateway does not know (config drift) reaches the default pool, which answers misrouted.
+        """
+        handle = (self._handles.get(pool) or self._handles[self._default]).options(stream=True)
+        grant = {GRANT_KWARG: replica_id} if replica_id is not None else {}
+        return handle.generate.remote(parsed.endpoint, parsed.body, **grant)
+
+    async def listing(self) -> dict[str, Any]:
+        """vLLM's model listing (fetched from a replica once, then cached)."""
+        if self._listing is None:
+            try:
+                self._listing = await self._handles[self._default].models.remote()
+            except Exception as exc:
+                raise UpstreamUnavailable(f"No replica answered the model listing: {type(exc).__name__}")
+        return self._listing
+
+    async def max_model_len(self) -> int:
+        """The served context length (0 when the listing does not say)."""
+        return int((await self.listing())["data"][0].get("max_model_len") or 0)

@@ -1,1 +1,0 @@
-"""The Redis-backed global queue: fleet-wide admission, ordering and placement in one atomic Lua step."""

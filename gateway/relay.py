@@ -1,0 +1,51 @@
+"""Relaying a replica's stream to the client as server-sent events, settling when it ends however it ends."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from ray.serve.handle import DeploymentResponseGenerator
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from gateway.accounting import StreamUsage
+from gateway.errors import error_body
+
+logger = logging.getLogger(__name__)
+
+
+async def relay_lines(replies: DeploymentResponseGenerator, usage: StreamUsage) -> AsyncIterator[str]:
+    """The replica's SSE lines as the client sees them; a replica failure ends with an error event and [DONE].
+
+    If the client goes away, Starlette cancels this generator; cancelling ``replies`` then propagates to
+    the replica, which aborts the engine request.
+    """
+    try:
+        async for line in replies:
+            if usage.observe(line):
+                yield line
+    except Exception as exc:  # the replica died or failed mid-stream
+        logger.warning("stream from replica failed: %s", type(exc).__name__)
+        error = error_body("The model replica failed during the stream.", "service_unavailable", "replica_failed")
+        yield f"data: {json.dumps(error)}\n\n"
+        yield "data: [DONE]\n\n"
+    finally:
+        replies.cancel()
+
+
+class SettlingStreamingResponse(StreamingResponse):
+    """A streamed response that runs ``on_exit`` when it is done with, even if it never started sending
+    (the client gone before the first byte, or the ASGI send failing first)."""
+
+    def __init__(self, content: AsyncIterator[str], on_exit: Callable[[], Awaitable[None]],
+                 headers: dict[str, str]) -> None:
+        super().__init__(content, media_type="text/event-stream", headers=headers)
+        self._on_exit = on_exit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._on_exit()

@@ -1,0 +1,44 @@
+"""Fairness between flows: token-weighted virtual token counters (VTC). Mirrored by ``fleet/lua/fairness.lua``.
+
+Each tenant has a counter per band. The active tenant (one with waiting work) with the smallest counter
+goes first, ties to the smallest id. A grant charges ``cost / weight`` at once; completion corrects it to
+``actual / weight``. A tenant that becomes active is lifted to the smallest active counter, or to the band's
+virtual time (the counter of the last tenant granted) when none is active, so idle time banks no credit.
+Hence the counters of active tenants stay within one weighted request cost of each other, and two
+continuously backlogged tenants' weighted service differs by at most 2x the largest weighted cost.
+
+Flows inside a tenant (the fairness id a client may send) get a second, unweighted level with the same
+rules, kept only while the tenant has waiting work in the band.
+
+The functions take the counters as plain mappings: the state is the caller's (Redis, or the reference).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+
+def lifted(own: float, active: Iterable[float], idle_floor: float) -> float:
+    """The counter a member starts its busy period with: its own, raised to the least active one."""
+    floor = min(active, default=idle_floor)
+    return max(own, floor)
+
+
+def in_order(counters: Mapping[str, float], members: Iterable[str]) -> list[str]:
+    """``members`` least served first (ties: smallest id)."""
+    return sorted(members, key=lambda member: (counters[member], member))
+
+
+def least_served(counters: Mapping[str, float], members: Iterable[str]) -> str:
+    """The member that goes next."""
+    return min(members, key=lambda member: (counters[member], member))
+
+
+def grant_charge(cost: int, weight: float) -> float:
+    """What a grant adds to its tenant's counter."""
+    return cost / weight
+
+
+def completion_correction(actual: int, estimate: int, weight: float) -> float:
+    """What completion adds to the tenant's counter, so it was charged ``actual`` in the end."""
+    return (actual - estimate) / weight

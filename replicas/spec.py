@@ -1,0 +1,28 @@
+"""What a replica deployment is given: one typed spec, built by the app from its config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fleet.config import QueueConfig
+from replicas.cpu_binding import CpuBinding
+
+
+class ReplicaSpec(BaseModel):
+    """Everything one replica of a pool needs to start and join the fleet."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_path: str = Field(description="The model folder the engine loads.")
+    served_model_name: str = Field(description="The name clients use in the request's `model` field.")
+    engine: dict[str, Any] = Field(default_factory=dict, description="Engine settings (validated by the engine).")
+    cpu_binding: CpuBinding | None = Field(None, description="CPU builds: cores each replica binds to.")
+    cache_dir: str | None = Field(None, description="Where vLLM keeps compile caches and IPC sockets.")
+    queue: QueueConfig | None = Field(None, description="The global queue to register with; None: no queue.")
+    pool: str = Field("default", description="The pool this replica belongs to.")
+    accepts: list[str] = Field(default_factory=lambda: ["short", "long"], description="Length classes it runs.")
+    prefers: list[str] = Field(default_factory=list, description="Length classes its pool is built for.")
+    metrics_interval_s: float = Field(2.0, gt=0, description="How often it publishes its metrics to the fleet.")
+    simulated: str | None = Field(None, description="Cost model of the simulated engine; None: real vLLM.")
