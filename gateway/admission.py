@@ -37,6 +37,7 @@ from gateway.headers import RequestHeaders
 from gateway.metrics import GatewayMetrics
 from gateway.request_parsing import ParsedRequest
 from gateway.tenants import Tenant
+from policies.placement import pool_for_class
 from policies.priority import BandDecision
 from policies.types import Grant, TicketSpec
 
@@ -217,6 +218,16 @@ class QueuePlace:
         except redis.RedisError as exc:  # the lease expires instead and returns the capacity
             logger.warning("could not finish ticket (%s); its lease will expire", type(exc).__name__)
         await asyncio.shield(self._admission.settle_rate(self._tenant, self._spec.cost, served_tokens))
+
+
+def admission_for(config: QueueConfig, pools: list[tuple[str, list[str], list[str]]],
+                  metrics: GatewayMetrics) -> AdmissionStrategy:
+    """The global queue, or (queue disabled) straight to each length class's pool: the baseline.
+
+    ``pools``: (name, accepts, prefers) of each pool, in config order."""
+    if config.enabled:
+        return QueueAdmission(config, metrics)
+    return DirectAdmission({c.name: pool_for_class(pools, c.name) for c in config.length_classes})
 
 
 def admission_error(exc: Exception, retry_after_s: int) -> GatewayError:

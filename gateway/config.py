@@ -135,6 +135,10 @@ class AppConfig(BaseModel):
                 raise ValueError(f"no pool accepts length class {name!r}: its requests could never run")
         return self
 
+    def pool_plan(self) -> list[tuple[str, list[str], list[str]]]:
+        """(name, accepts, prefers) of every pool, in config order."""
+        return [(pool.name, self.pool_accepts(pool), pool.prefers) for pool in self.pools]
+
     def pool_accepts(self, pool: PoolConfig) -> list[str]:
         """The length classes ``pool`` runs."""
         return pool.accepts if pool.accepts is not None else [c.name for c in self.queue.length_classes]

@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fleet.metrics_board import MetricsBoard, MetricsPublisher
 from gateway.access import Access
-from gateway.admission import AdmissionStrategy, DirectAdmission, QueueAdmission
+from gateway.admission import QueueAdmission, admission_for
 from gateway.classify import RequestClassifier
 from gateway.config import AppConfig
 from gateway.errors import GatewayError, MethodNotAllowed, RouteNotFound, error_body
@@ -29,7 +29,6 @@ from gateway.metrics_render import render_fleet
 from gateway.openapi import gateway_openapi
 from gateway.pools import Pools
 from gateway.request_parsing import preload_protocol_models
-from policies.placement import pool_for_class
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +69,7 @@ class Gateway:
         self._access = Access(settings.access, settings.queue.band_names, settings.queue.default_band)
         self._settings = settings
         preload_protocol_models()
-        self._admission = _admission(settings, self.metrics)
+        self._admission = admission_for(settings.queue, settings.pool_plan(), self.metrics)
         await self._admission.start()
         self._lifecycle = RequestLifecycle(
             served_model_name=settings.model.name, max_body_bytes=settings.gateway.max_body_bytes,
@@ -122,11 +121,3 @@ class Gateway:
     async def completions(self, request: Request) -> Response:
         """OpenAI (legacy) completions, streaming or not."""
         return await self._lifecycle.handle(request, "completion")
-
-
-def _admission(settings: AppConfig, metrics: GatewayMetrics) -> AdmissionStrategy:
-    """The global queue, or (queue disabled) straight to each length class's pool: the baseline."""
-    if settings.queue.enabled:
-        return QueueAdmission(settings.queue, metrics)
-    pools = [(p.name, settings.pool_accepts(p), p.prefers) for p in settings.pools]
-    return DirectAdmission({c.name: pool_for_class(pools, c.name) for c in settings.queue.length_classes})
