@@ -16,7 +16,8 @@ from dataclasses import dataclass
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 # The fixed keys, in the order every script receives them as KEYS[1..n] (lib.lua names them the same way).
-DECLARED = ("meta", "vtime", "queued", "queued_tokens", "leases", "replicas", "stats", "served")
+DECLARED = ("meta", "vtime", "queued", "queued_tokens", "leases", "replicas", "stats", "served",
+            "replica_groups", "classes")
 
 # Key families named by data: family -> the part after the prefix. lib.lua appends, e.g. for "queue",
 # band .. ":" .. tenant .. "|" .. flow (tenant ids never contain "|": the gateway validates them).
@@ -31,6 +32,10 @@ FAMILIES = {
     "vtc": "vtc:",           # tenants' virtual token counters: vtc:<band>
     "wait": "wait:",         # waiting tickets by the time they entered the band: wait:<band>
     "replica": "r:",         # a replica's capacity hash: r:<replica id>
+    "replica_index": "ri:",  # replicas of one placement group (accepts|prefers) by free capacity: ri:<group>
+    "tenant_index": "ti:",   # active tenants whose next ticket is of a class, by VTC counter: ti:<band>:<class>
+    "head_class": "thc:",    # each active tenant's next ticket's class: thc:<band>
+    "rate": "rate:",         # a tenant's rate-limit buckets: rate:<tenant>
     "inbox": "inbox:",       # a gateway's grant inbox (a list it blocks on): inbox:<owner>
 }  # fmt: skip
 
@@ -69,7 +74,7 @@ class QueueKeys:
 
     def rate_bucket(self, tenant: str) -> str:
         """One tenant's rate-limit buckets (requests and tokens per minute)."""
-        return f"{self.prefix}rate:{tenant}"
+        return f"{self.prefix}{FAMILIES['rate']}{tenant}"
 
     def metrics(self, source: str) -> str:
         """One gateway's or replica's latest Prometheus exposition (expires unless republished)."""

@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 
 from fleet.keys import QueueKeys
 from fleet.snapshot import QueueSnapshot
+from fleet.rate_limits import RateLimits
 from policies.types import (
     BandPolicy,
     CancelResult,
@@ -30,7 +31,7 @@ from policies.types import (
 
 LUA_DIR = Path(__file__).with_name("lua")
 # the library every script starts with: state, then one file per policy seam, then the dispatch loop
-LIBRARY = ("state", "band_order", "fairness", "ordering", "placement", "gate", "dispatch")
+LIBRARY = ("state", "rate_limits", "band_order", "fairness", "ordering", "gate", "placement", "dispatch")
 SCRIPT_NAMES = (
     "enqueue", "register_replica", "deregister_replica", "complete", "cancel", "requeue", "renew", "expire",
     "snapshot",
@@ -106,10 +107,16 @@ class GlobalQueue:
         raw = await self._scripts[name](keys=self._declared, args=[self._config_json, now, json.dumps(payload)])
         return json.loads(raw)
 
-    async def enqueue(self, spec: TicketSpec, now_ms: int | None = None) -> EnqueueResult:
-        """Admit ``spec`` (or reject it); dispatch runs in the same atomic step."""
-        result = await self._call("enqueue", _ticket_payload(spec), now_ms)
-        return EnqueueResult(result["status"], _grants(result["grants"]))
+    async def enqueue(self, spec: TicketSpec, now_ms: int | None = None,
+                      limits: RateLimits | None = None) -> EnqueueResult:
+        """Admit ``spec`` (or reject it: the band's limits, the tenant's rate ``limits``); dispatch runs in the
+        same atomic step. The tenant's token bucket is settled by ``complete`` and refunded by ``cancel``."""
+        payload = _ticket_payload(spec)
+        if limits is not None:
+            payload |= {k: v for k, v in (("rpm", limits.requests_per_minute), ("tpm", limits.tokens_per_minute))
+                        if v is not None}
+        result = await self._call("enqueue", payload, now_ms)
+        return EnqueueResult(result["status"], _grants(result["grants"]), int(result["retry_after_ms"]))
 
     async def register_replica(self, capacity: ReplicaCapacity, lease_ms: int, now_ms: int | None = None) -> list[Grant]:
         """Register or renew a replica's capacity lease."""

@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 
 from fleet.metrics_board import MetricsBoard
 from fleet.queue import GlobalQueue
+from fleet.rate_limits import RateLimits
 from policies.types import Grant, TicketSpec
 
 logger = logging.getLogger(__name__)
@@ -30,6 +31,14 @@ class QueueRejected(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class QueueRateLimited(Exception):
+    """The tenant's rate limits are reached: answer 429 with how long to wait."""
+
+    def __init__(self, retry_after_s: float) -> None:
+        super().__init__(f"retry after {retry_after_s:.3f} s")
+        self.retry_after_s = retry_after_s
 
 
 class QueueDeadlineExpired(Exception):
@@ -84,19 +93,23 @@ class QueueSession:
         """A fresh ticket id (also used as the request's engine id suffix)."""
         return uuid.uuid4().hex
 
-    async def admit(self, spec: TicketSpec, timeout_s: float) -> Grant:
-        """Enqueue ``spec`` and wait up to ``timeout_s`` for its grant.
+    async def admit(self, spec: TicketSpec, timeout_s: float, limits: RateLimits | None = None) -> Grant:
+        """Enqueue ``spec`` (its tenant's rate ``limits`` taken in the same step) and wait up to ``timeout_s``
+        for its grant.
 
-        Raises QueueRejected (limits), QueueDeadlineExpired (withdrawn after the deadline) or a Redis error.
+        Raises QueueRateLimited, QueueRejected (band limits), QueueDeadlineExpired (withdrawn after the
+        deadline) or a Redis error.
         If the caller is cancelled while waiting, the ticket is withdrawn (or, if a grant won the race,
         finished at zero cost) before the cancellation propagates.
         """
         await self.start()
 
         async def enqueue() -> list[Grant]:
-            result = await self.queue.enqueue(spec)
+            result = await self.queue.enqueue(spec, limits=limits)
             # "duplicate": a retried enqueue whose first attempt went through (ids are ours alone); its
-            # grant, if any, arrives on the inbox like every grant
+            # grant, if it has one, comes back with it
+            if result.status == "rate_limited":
+                raise QueueRateLimited(result.retry_after_ms / 1000)
             if not result.admitted and result.status != "duplicate":
                 raise QueueRejected(result.status)
             self._owned.add(spec.ticket_id)
@@ -108,9 +121,10 @@ class QueueSession:
         """Put a granted ticket back at the head of its queue and wait for its next grant."""
 
         async def requeue() -> list[Grant]:
-            if not (await self.queue.requeue(spec.ticket_id)).moved:
+            result = await self.queue.requeue(spec.ticket_id)
+            if not result.moved:
                 raise QueueDeadlineExpired()
-            return []
+            return result.grants
 
         return await self._wait_for_grant(spec, timeout_s, requeue)
 
@@ -174,11 +188,19 @@ class QueueSession:
                 continue
             if item is None:
                 continue
-            message = json.loads(item[1])
-            future = self._waiting.get(message["ticket_id"])
-            if future is not None and not future.done():
-                future.set_result(Grant(message["ticket_id"], message["replica_id"], message["band"], message["tenant"],
-                                         message.get("pool", "default")))
+            self._deliver(item[1])
+            try:  # whatever else waits in the inbox, in the same turn
+                for raw in await self._blocking.lpop(inbox, 256) or []:
+                    self._deliver(raw)
+            except Exception:  # the next BLPOP picks it up
+                continue
+
+    def _deliver(self, raw: bytes) -> None:
+        message = json.loads(raw)
+        future = self._waiting.get(message["ticket_id"])
+        if future is not None and not future.done():
+            future.set_result(Grant(message["ticket_id"], message["replica_id"], message["band"], message["tenant"],
+                                     message.get("pool", "default")))
 
     def _fail_lost(self, missing: list[str]) -> None:
         """Answer the waiters whose tickets the queue lost, now rather than at their deadline."""

@@ -21,8 +21,7 @@ import redis
 
 from fleet.config import QueueConfig
 from fleet.connection import global_queue, redis_client
-from fleet.rate_limits import RateLimiter
-from fleet.session import QueueDeadlineExpired, QueueRejected, QueueSession, QueueTicketLost
+from fleet.session import QueueDeadlineExpired, QueueRateLimited, QueueRejected, QueueSession, QueueTicketLost
 from gateway.classify import Classification
 from gateway.errors import (
     GatewayError,
@@ -124,7 +123,6 @@ class QueueAdmission:
         self.metrics = metrics
         self._clock = clock
         self._session: QueueSession | None = None
-        self._rates: RateLimiter | None = None
         self.gateway_id = ""
 
     async def start(self) -> None:
@@ -134,16 +132,14 @@ class QueueAdmission:
     async def session(self) -> QueueSession:
         """The replica's queue session, created on first use."""
         if self._session is None:
-            client = redis_client(self.config)
-            queue = global_queue(self.config, client)
-            self._rates = RateLimiter(client, queue.keys)
+            queue = global_queue(self.config, redis_client(self.config))
             self._session = QueueSession(queue, redis_client(self.config, max_connections=2))
             self.gateway_id = self._session.owner
             await self._session.start()
         return self._session
 
     async def admit(self, request: AdmissionRequest) -> Admitted:
-        """Take the rate limits, enqueue a ticket and wait for its grant."""
+        """Enqueue a ticket (the tenant's rate limits taken in the same step) and wait for its grant."""
         session = await self.session()
         spec = TicketSpec(
             ticket_id=session.new_ticket_id(), tenant=request.tenant.id, band=request.decision.band,
@@ -152,50 +148,29 @@ class QueueAdmission:
         )
         max_wait_s = min(self.config.max_wait_s, request.asked.ttft_slo_s or self.config.max_wait_s)
         try:
-            await self._take_rate(request.tenant, spec)
-            try:
-                grant = await self.await_grant(session.admit(spec, max_wait_s))
-            except BaseException:
-                await asyncio.shield(self.settle_rate(request.tenant, spec.cost, 0))  # nothing was served
-                raise
+            grant = await self.await_grant(session.admit(spec, max_wait_s, request.tenant.rate_limits))
         except Rejected as exc:
             self.metrics.rejections.labels(self.metrics.tenant(spec.tenant), spec.band, exc.reason).inc()
             raise
         queue_s = self._clock() - request.arrived
         self.metrics.grants.labels(self.metrics.tenant(spec.tenant), grant.band, spec.length_class, grant.pool).inc()
         self.metrics.queue_wait.labels(spec.band).observe(queue_s)
-        return QueuePlace(self, session, spec, request.tenant, max_wait_s, grant, queue_s * 1000)
+        return QueuePlace(self, session, spec, max_wait_s, grant, queue_s * 1000)
 
     async def await_grant(self, waiting: Awaitable[Grant]) -> Grant:
         """Await a grant; admission failures become the client-facing 429 / 503 errors."""
         try:
             return await waiting
-        except (QueueRejected, QueueDeadlineExpired, QueueTicketLost, redis.RedisError) as exc:
+        except (QueueRateLimited, QueueRejected, QueueDeadlineExpired, QueueTicketLost, redis.RedisError) as exc:
             raise admission_error(exc, self.config.retry_after_s) from None
-
-    async def _take_rate(self, tenant: Tenant, spec: TicketSpec) -> None:
-        try:
-            decision = await self._rates.take(spec.tenant, tenant.rate_limits, spec.cost)  # type: ignore[union-attr]
-        except redis.RedisError as exc:
-            raise admission_error(exc, self.config.retry_after_s) from None
-        if not decision.admitted:
-            raise RateLimited("This API key's rate limit is reached; retry after the time in Retry-After.",
-                              reason="rate-limited", retry_after_s=max(1, int(decision.retry_after_s + 0.999)))
-
-    async def settle_rate(self, tenant: Tenant, estimate: int, served_tokens: int) -> None:
-        """Correct the tenant's token bucket from the estimate it took to what was served."""
-        try:
-            await self._rates.settle(tenant.id, tenant.rate_limits, served_tokens - estimate)  # type: ignore[union-attr]
-        except redis.RedisError as exc:  # the bucket refills on its own; only this correction is lost
-            logger.warning("could not settle a rate-limit bucket: %s", type(exc).__name__)
 
 
 class QueuePlace:
     """A granted ticket: its replica, and the way back (requeue, or release at the end)."""
 
-    def __init__(self, admission: QueueAdmission, session: QueueSession, spec: TicketSpec, tenant: Tenant,
-                 max_wait_s: float, grant: Grant, queue_ms: float) -> None:
-        self._admission, self._session, self._spec, self._tenant = admission, session, spec, tenant
+    def __init__(self, admission: QueueAdmission, session: QueueSession, spec: TicketSpec, max_wait_s: float,
+                 grant: Grant, queue_ms: float) -> None:
+        self._admission, self._session, self._spec = admission, session, spec
         self._max_wait_s = max_wait_s
         self._requeues = 0
         self.queue_ms = queue_ms
@@ -217,7 +192,6 @@ class QueuePlace:
             await asyncio.shield(self._session.finish(self._spec.ticket_id, served_tokens))
         except redis.RedisError as exc:  # the lease expires instead and returns the capacity
             logger.warning("could not finish ticket (%s); its lease will expire", type(exc).__name__)
-        await asyncio.shield(self._admission.settle_rate(self._tenant, self._spec.cost, served_tokens))
 
 
 def admission_for(config: QueueConfig, pools: list[tuple[str, list[str], list[str]]],
@@ -231,7 +205,11 @@ def admission_for(config: QueueConfig, pools: list[tuple[str, list[str], list[st
 
 
 def admission_error(exc: Exception, retry_after_s: int) -> GatewayError:
-    """The client-facing error for a failed admission: 429 (full, timed out) or 503 (queue unreachable)."""
+    """The client-facing error for a failed admission: 429 (rate limits, full, timed out) or 503 (queue
+    unreachable)."""
+    if isinstance(exc, QueueRateLimited):
+        return RateLimited("This API key's rate limit is reached; retry after the time in Retry-After.",
+                           reason="rate-limited", retry_after_s=max(1, int(exc.retry_after_s + 0.999)))
     if isinstance(exc, QueueRejected):
         return QueueFull(f"The queue for this priority band is full ({exc.reason}); retry later.",
                          reason="rejected-saturated", retry_after_s=retry_after_s)

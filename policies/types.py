@@ -72,10 +72,12 @@ class ReplicaCapacity:
 
 
 class EnqueueResult(NamedTuple):
-    """An enqueue's outcome: ``status`` is 'admitted', 'duplicate' or a rejection reason; grants made meanwhile."""
+    """An enqueue's outcome: ``status`` is 'admitted', 'duplicate' or a rejection reason; grants made
+    meanwhile; for 'rate_limited', how long until the tenant's limits would admit it."""
 
     status: str
     grants: list[Grant]
+    retry_after_ms: int = 0
 
     @property
     def admitted(self) -> bool:

@@ -69,6 +69,10 @@ class VLLMReplica(ReplicaBase):
         """Ray Serve's health probe: raises when the engine is dead, so Serve restarts this replica."""
         await self._engine.check_health()
 
+    async def unfinished_requests(self) -> int:
+        """Requests the engine has not finished yet (running or waiting): what an abort must bring to 0."""
+        return self._engine.output_processor.get_num_unfinished_requests()
+
     def __del__(self) -> None:
         self._leave_fleet()
         engine = getattr(self, "_engine", None)

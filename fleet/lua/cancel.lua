@@ -10,6 +10,7 @@ if t and t.granted_to ~= "" then
 elseif t then
   remove_waiting(t)
   delete_ticket(t)
+  rate_settle(t.tenant, t.rpm, t.tpm, -t.cost)  -- nothing was served: the estimate goes back
   redis.call("HINCRBY", K_STATS, "cancelled", 1)
   status = "cancelled"
 end

@@ -1,5 +1,29 @@
 -- Dispatch, last of the library: waiting tickets, lease reaping, aging, and the grant loop that composes
 -- the seams (band order -> fairness -> ordering -> gate -> placement), as ReferenceScheduler._grant_one.
+--
+-- The tenant index makes a grant cost O(log) in tenants and replicas: each active tenant sits in one
+-- sorted set per band, the one of its next ticket's length class (the FIFO head of its least-served
+-- flow), scored by its VTC counter. A class no open replica accepts is skipped whole, so tenants whose
+-- next ticket cannot be placed cost nothing; otherwise the first placeable tenant of each class, in VTC
+-- order, is a candidate, and the least of them is the reference's first placeable tenant.
+
+-- keep the tenant in the index of its next ticket's class (or out of every index when it has none)
+local function reindex_head(band, tenant)
+  local heads = k_head_class(band)
+  local old = redis.call("HGET", heads, tenant) or nil
+  local class = nil
+  if redis.call("ZSCORE", k_active(band), tenant) then
+    class = redis.call("HGET", k_ticket(fifo_head(band, tenant, next_flow(band, tenant))), "class")
+  end
+  if old and old ~= class then redis.call("ZREM", k_tenant_index(band, old), tenant) end
+  if class then
+    redis.call("HSET", heads, tenant, class)
+    redis.call("ZADD", k_tenant_index(band, class), num(counter(band, tenant)), tenant)
+    redis.call("SADD", K_CLASSES, class)
+  elseif old then
+    redis.call("HDEL", heads, tenant)
+  end
+end
 
 -- put a waiting ticket into its tenant's flow in `band`
 local function push(t, band, at_head)
@@ -9,6 +33,7 @@ local function push(t, band, at_head)
   redis.call("ZADD", k_wait(band), NOW, t.id)
   count_waiting(t, band, 1)
   t.band = band
+  reindex_head(band, t.tenant)
 end
 
 local function remove_waiting(t)
@@ -16,14 +41,18 @@ local function remove_waiting(t)
   redis.call("ZREM", k_wait(t.band), t.id)
   count_waiting(t, t.band, -1)
   if emptied then deactivate_flow(t.band, t.tenant, t.flow) end
+  reindex_head(t.band, t.tenant)
+end
+
+local function remove_replica(id)
+  local group = redis.call("HGET", k_replica(id), "group")
+  if group then unindex_replica(id, group) end
+  redis.call("DEL", k_replica(id))
+  redis.call("ZREM", K_REPLICAS, id)
 end
 
 local function reap()
-  local dead = redis.call("ZRANGEBYSCORE", K_REPLICAS, "-inf", NOW)
-  for _, id in ipairs(dead) do
-    redis.call("DEL", k_replica(id))
-    redis.call("ZREM", K_REPLICAS, id)
-  end
+  for _, id in ipairs(redis.call("ZRANGEBYSCORE", K_REPLICAS, "-inf", NOW)) do remove_replica(id) end
   local expired = redis.call("ZRANGEBYSCORE", K_LEASES, "-inf", NOW)
   for _, id in ipairs(expired) do
     local t = ticket_fields(id)
@@ -61,33 +90,58 @@ local function grant(t, r)
   remove_waiting(t)
   charge_tenant_grant(t)
   local reserved = math.min(t.cost, r.tokens_free)
-  redis.call("HSET", k_replica(r.id), "slots_free", r.slots_free - 1, "tokens_free", r.tokens_free - reserved)
-  local pool = r.pool or "default"
+  local placed = redis.call("HMGET", k_replica(r.id), "pool", "group")
+  set_free(r.id, placed[2], r.slots_free - 1, r.tokens_free - reserved)
+  local pool = placed[1] or "default"
   redis.call("HSET", k_ticket(t.id), "granted_to", r.id, "granted_pool", pool, "reserved", reserved,
     "charged_band", t.band)
   redis.call("HINCRBY", K_STATS, "granted", 1)
-  local message = cjson.encode({ticket_id = t.id, replica_id = r.id, band = t.band, tenant = t.tenant,
-    pool = pool})
-  if t.owner ~= "" then
+  if t.owner ~= "" and t.id ~= INLINE_TICKET then  -- the caller of this step gets its own grant inline
+    local message = cjson.encode({ticket_id = t.id, replica_id = r.id, band = t.band, tenant = t.tenant,
+      pool = pool})
     redis.call("RPUSH", k_inbox(t.owner), message)
     redis.call("PEXPIRE", k_inbox(t.owner), CFG.inbox_ttl_ms)
   end
   return {t.id, r.id, t.band, t.tenant, pool}
 end
 
-local function grant_one()
-  local candidates = {}
-  for _, r in ipairs(load_replicas()) do
-    if gate_open(r) then candidates[#candidates + 1] = r end
-  end
-  if #candidates == 0 then return nil end
-  for _, band in ipairs(bands_in_order()) do
-    for _, tenant in ipairs(tenants_in_order(band.name)) do
-      local flow = next_flow(band.name, tenant)
-      local t = ticket_fields(fifo_head(band.name, tenant, flow))
-      local r = choose_replica(candidates, t.cost, t.class)
-      if r then return grant(t, r) end
+-- the first tenant of `band` whose next ticket is of `class` and can be placed, in VTC order, if it comes
+-- before `bound` (the best candidate of another class)
+local function first_placeable(band, class, groups, bound)
+  local index, start = k_tenant_index(band, class), 0
+  while true do
+    local page = redis.call("ZRANGE", index, start, start + 15, "WITHSCORES")
+    if not page[1] then return nil end
+    for i = 1, #page, 2 do
+      local tenant, score = page[i], tonumber(page[i + 1])
+      if bound and (score > bound.score or (score == bound.score and not bytes_less(tenant, bound.tenant))) then
+        return nil
+      end
+      local t = ticket_fields(fifo_head(band, tenant, next_flow(band, tenant)))
+      local r = choose_replica(groups, t.cost, t.class)
+      if r then return {t = t, r = r, score = score, tenant = tenant} end
     end
+    start = start + 16
+  end
+end
+
+local function grant_one()
+  local bands = {}
+  for _, band in ipairs(bands_in_order()) do
+    if tonumber(redis.call("HGET", K_QN, band.name) or "0") > 0 then bands[#bands + 1] = band end
+  end
+  if not bands[1] then return nil end  -- nothing waits: no replica is read
+  local groups = replica_groups()
+  local classes = {}
+  for _, class in ipairs(redis.call("SMEMBERS", K_CLASSES)) do
+    if class_has_room(groups, class) then classes[#classes + 1] = class end
+  end
+  for _, band in ipairs(bands) do
+    local best = nil
+    for _, class in ipairs(classes) do
+      best = first_placeable(band.name, class, groups, best) or best
+    end
+    if best then return grant(best.t, best.r) end
   end
   return nil
 end

@@ -1,13 +1,21 @@
--- Admit a ticket (or reject it by its band's limits), then dispatch.
--- PAYLOAD: {ticket_id, tenant, band, cost, weight, class, owner, flow}
+-- Admit a ticket (or reject it: its tenant's rate limits, its band's limits), then dispatch.
+-- PAYLOAD: {ticket_id, tenant, band, cost, weight, class, owner, flow, rpm, tpm} (rpm, tpm: the tenant's
+-- limits, absent when unlimited). A repeat of an enqueue that went through answers "duplicate", with the
+-- ticket's grant if it has one (the retried caller never got the first reply).
 reap()
 local p = PAYLOAD
-local status
+local status, retry_ms = nil, 0
 local index = BAND_INDEX[p.band]
+local own_grant = nil
 if not index then
   status = "unknown_band"
 elseif redis.call("EXISTS", k_ticket(p.ticket_id)) == 1 then
   status = "duplicate"
+  local t = ticket_fields(p.ticket_id)
+  if t.granted_to ~= "" then
+    own_grant = {t.id, t.granted_to, t.charged_band, t.tenant,
+      redis.call("HGET", k_ticket(t.id), "granted_pool") or "default"}
+  end
 else
   local band = BANDS[index]
   local queued = tonumber(redis.call("HGET", K_QN, p.band) or "0")
@@ -17,13 +25,21 @@ else
   elseif queued_tokens + p.cost > band.max_queued_tokens then
     status = "queue_tokens_full"
   else
-    redis.call("HSET", k_ticket(p.ticket_id), "tenant", p.tenant, "band", p.band, "cost", p.cost,
-      "weight", num(p.weight), "class", p.class, "owner", p.owner, "granted_to", "", "reserved", 0,
-      "charged_band", "", "flow", p.flow or "")
+    retry_ms = rate_take(p.tenant, p.rpm, p.tpm, p.cost)
+    if retry_ms > 0 then status = "rate_limited" end
+  end
+  if not status then
+    local fields = {"tenant", p.tenant, "band", p.band, "cost", p.cost, "weight", num(p.weight), "class", p.class,
+      "owner", p.owner, "granted_to", "", "reserved", 0, "charged_band", "", "flow", p.flow or ""}
+    if p.rpm then fields[#fields + 1] = "rpm"; fields[#fields + 1] = p.rpm end
+    if p.tpm then fields[#fields + 1] = "tpm"; fields[#fields + 1] = p.tpm end
+    redis.call("HSET", k_ticket(p.ticket_id), unpack(fields))
     redis.call("ZADD", K_LEASES, NOW + CFG.lease_ms, p.ticket_id)
     push({id = p.ticket_id, tenant = p.tenant, cost = p.cost, band = p.band, flow = p.flow or ""}, p.band, false)
     status = "admitted"
   end
 end
 if status ~= "admitted" then redis.call("HINCRBY", K_STATS, "rejected:" .. status, 1) end
-return cjson.encode({status = status, grants = dispatch()})
+local grants = dispatch()
+if own_grant then table.insert(grants, 1, own_grant) end
+return cjson.encode({status = status, grants = grants, retry_after_ms = retry_ms})

@@ -3,7 +3,8 @@
 -- set orders members). A grant charges cost / weight, completion corrects it to actual / weight. A
 -- tenant that becomes active is lifted to the smallest active counter (or the band's virtual time), so
 -- idle time banks no credit. Flows inside a tenant get a second, unweighted level, kept only while the
--- tenant has waiting work in the band.
+-- tenant has waiting work in the band. policies.fairness.in_order is the order of the tenant index
+-- (dispatch.lua): active tenants by counter, one sorted set per class of their next ticket.
 
 local function counter(band, tenant)
   return tonumber(redis.call("HGET", k_vtc(band), tenant) or "0")
@@ -13,6 +14,8 @@ local function set_counter(band, tenant, value)
   redis.call("HSET", k_vtc(band), tenant, num(value))
   if redis.call("ZSCORE", k_active(band), tenant) then
     redis.call("ZADD", k_active(band), num(value), tenant)
+    local class = redis.call("HGET", k_head_class(band), tenant)
+    if class then redis.call("ZADD", k_tenant_index(band, class), num(value), tenant) end
   end
 end
 
@@ -55,8 +58,6 @@ local function deactivate_flow(band, tenant, flow)
     redis.call("DEL", k_flow_vtc(band, tenant))
   end
 end
-
-local function tenants_in_order(band) return redis.call("ZRANGE", k_active(band), 0, -1) end
 
 local function next_flow(band, tenant) return redis.call("ZRANGE", k_flows(band, tenant), 0, 0)[1] end
 

@@ -2,20 +2,23 @@
 -- PAYLOAD: {replica_id, slots_total, tokens_total, accepts: [class...], prefers: [class...], pool, lease_ms}
 reap()
 local p = PAYLOAD
+if p.slots_total >= 524288 or p.tokens_total >= TOKENS_LIMIT then
+  return redis.error_reply("replica capacity out of range: slots < 2^19 and tokens < 2^32")
+end
 local key = k_replica(p.replica_id)
 local accepts = table.concat(p.accepts, ",")
 local prefers = table.concat(p.prefers or {}, ",")
-if redis.call("EXISTS", key) == 0 then
-  redis.call("HSET", key, "slots_total", p.slots_total, "slots_free", p.slots_total,
-    "tokens_total", p.tokens_total, "tokens_free", p.tokens_total, "accepts", accepts, "prefers", prefers,
-    "pool", p.pool)
-else
-  local r = redis.call("HMGET", key, "slots_total", "slots_free", "tokens_total", "tokens_free")
-  redis.call("HSET", key,
-    "slots_free", tonumber(r[2]) + p.slots_total - tonumber(r[1]),
-    "tokens_free", tonumber(r[4]) + p.tokens_total - tonumber(r[3]),
-    "slots_total", p.slots_total, "tokens_total", p.tokens_total, "accepts", accepts, "prefers", prefers,
-    "pool", p.pool)
+local group = accepts .. "|" .. prefers
+local slots_free, tokens_free = p.slots_total, p.tokens_total
+if redis.call("EXISTS", key) == 1 then
+  local r = redis.call("HMGET", key, "slots_total", "slots_free", "tokens_total", "tokens_free", "group")
+  slots_free = tonumber(r[2]) + p.slots_total - tonumber(r[1])
+  tokens_free = tonumber(r[4]) + p.tokens_total - tonumber(r[3])
+  if r[5] and r[5] ~= group then unindex_replica(p.replica_id, r[5]) end
 end
+redis.call("HSET", key, "slots_total", p.slots_total, "tokens_total", p.tokens_total, "accepts", accepts,
+  "prefers", prefers, "pool", p.pool, "group", group)
+redis.call("SADD", K_GROUPS, group)
+set_free(p.replica_id, group, slots_free, tokens_free)
 redis.call("ZADD", K_REPLICAS, NOW + p.lease_ms, p.replica_id)
 return cjson.encode({grants = dispatch()})

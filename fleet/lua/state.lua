@@ -21,6 +21,8 @@ else
   NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local PAYLOAD = cjson.decode(ARGV[3])
+-- the ticket this call is about: a grant to it is returned inline, so it is not also pushed to an inbox
+local INLINE_TICKET = PAYLOAD.ticket_id or ""
 
 local BANDS = {}
 local BAND_INDEX = {}
@@ -34,6 +36,7 @@ local function num(x) return string.format("%.17g", x) end
 -- fixed keys (declared), then the data-named families (prefixes from fleet/keys.py)
 local K_VTIME, K_QN, K_QT, K_LEASES = KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local K_REPLICAS, K_STATS, K_SERVED = KEYS[6], KEYS[7], KEYS[8]  -- served: tokens charged per tenant
+local K_GROUPS, K_CLASSES = KEYS[9], KEYS[10]  -- placement groups with replicas; length classes seen
 local F = CFG.keys
 local function k_ticket(id) return F.ticket .. id end
 local function k_queue(band, tenant, flow) return F.queue .. band .. ":" .. tenant .. "|" .. flow end
@@ -46,14 +49,48 @@ local function k_vtc(band) return F.vtc .. band end
 local function k_wait(band) return F.wait .. band end
 local function k_replica(id) return F.replica .. id end
 local function k_inbox(owner) return F.inbox .. owner end
+local function k_replica_index(group) return F.replica_index .. group end
+local function k_tenant_index(band, class) return F.tenant_index .. band .. ":" .. class end
+local function k_head_class(band) return F.head_class .. band end
+
+-- ids compare byte by byte, as Python compares them and sorted sets order members: Lua's `<` on strings
+-- uses the server's locale (strcoll)
+local function bytes_less(a, b)
+  local n = math.min(#a, #b)
+  for i = 1, n do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+
+-- A replica's placement group is its accepted and preferred classes ("long,short|long"). Each group's
+-- replicas sit in one sorted set by free capacity, most free slots first, then most free tokens, then id
+-- (equal scores order by member). The score packs both exactly into one double (|tokens| < 2^32, slots
+-- < 2^19, so slots dominate even when a shrunk registration left tokens_free negative); the hash keeps
+-- the values themselves.
+local SLOT_UNIT = 17179869184  -- 2^34
+local TOKENS_LIMIT = 4294967296  -- 2^32
+local function capacity_score(slots_free, tokens_free) return -(slots_free * SLOT_UNIT + tokens_free) end
+
+local function set_free(id, group, slots_free, tokens_free)
+  redis.call("HSET", k_replica(id), "slots_free", slots_free, "tokens_free", tokens_free)
+  redis.call("ZADD", k_replica_index(group), capacity_score(slots_free, tokens_free), id)
+end
+
+local function unindex_replica(id, group)
+  local index = k_replica_index(group)
+  redis.call("ZREM", index, id)
+  if redis.call("ZCARD", index) == 0 then redis.call("SREM", K_GROUPS, group) end
+end
 
 local function ticket_fields(id)
   local f = redis.call("HMGET", k_ticket(id), "tenant", "band", "cost", "weight", "class", "owner",
-    "granted_to", "reserved", "charged_band", "flow")
+    "granted_to", "reserved", "charged_band", "flow", "rpm", "tpm")
   if not f[1] then return nil end
   return {id = id, tenant = f[1], band = f[2], cost = tonumber(f[3]), weight = tonumber(f[4]), class = f[5],
     owner = f[6], granted_to = f[7] or "", reserved = tonumber(f[8] or "0"), charged_band = f[9] or "",
-    flow = f[10] or ""}
+    flow = f[10] or "", rpm = tonumber(f[11] or ""), tpm = tonumber(f[12] or "")}
 end
 
 -- the ticket's place in its band's bookkeeping (depth per band and tenant, the aging index)
@@ -74,10 +111,10 @@ end
 local function release(t)
   local key = k_replica(t.granted_to)
   if t.granted_to ~= "" and redis.call("EXISTS", key) == 1 then
-    local r = redis.call("HMGET", key, "slots_total", "slots_free", "tokens_total", "tokens_free")
+    local r = redis.call("HMGET", key, "slots_total", "slots_free", "tokens_total", "tokens_free", "group")
     local slots = math.min(tonumber(r[1]), tonumber(r[2]) + 1)
     local tokens = math.min(tonumber(r[3]), tonumber(r[4]) + t.reserved)
-    redis.call("HSET", key, "slots_free", slots, "tokens_free", tokens)
+    set_free(t.granted_to, r[5], slots, tokens)
   end
   redis.call("HSET", k_ticket(t.id), "reserved", 0)
   t.reserved = 0
@@ -86,19 +123,4 @@ end
 local function delete_ticket(t)
   redis.call("DEL", k_ticket(t.id))
   redis.call("ZREM", K_LEASES, t.id)
-end
-
-local function load_replicas()
-  local ids = redis.call("ZRANGE", K_REPLICAS, 0, -1)
-  local replicas = {}
-  for _, id in ipairs(ids) do
-    local r = redis.call("HMGET", k_replica(id), "slots_total", "slots_free", "tokens_total", "tokens_free",
-      "accepts", "prefers", "pool")
-    local rep = {id = id, slots_total = tonumber(r[1]), slots_free = tonumber(r[2]),
-      tokens_total = tonumber(r[3]), tokens_free = tonumber(r[4]), accepts = {}, prefers = {}, pool = r[7]}
-    for class in string.gmatch(r[5] or "", "[^,]+") do rep.accepts[class] = true end
-    for class in string.gmatch(r[6] or "", "[^,]+") do rep.prefers[class] = true end
-    replicas[#replicas + 1] = rep
-  end
-  return replicas
 end

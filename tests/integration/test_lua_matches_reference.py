@@ -72,7 +72,7 @@ def _state_matches(lua: Any, ref: ReferenceScheduler, now: int) -> None:
 
 
 @pytest.mark.parametrize("uniform", [False, True], ids=["mixed-replicas", "identical-replicas"])
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("seed", range(14))
 def test_random_workload_same_decisions(redis_url: str, seed: int, uniform: bool) -> None:
     rng = random.Random(seed)
     lua, ref = _queues(redis_url)

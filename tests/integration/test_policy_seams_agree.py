@@ -24,21 +24,19 @@ pytestmark = pytest.mark.integration
 
 BANDS = (BandPolicy("top"), BandPolicy("mid", aging_ms=700), BandPolicy("low", aging_ms=0), BandPolicy("bulk", aging_ms=90))
 PROBE = """
-local replicas = {}
-for _, p in ipairs(PAYLOAD.replicas) do
-  local r = {id = p.id, slots_total = p.slots_total, slots_free = p.slots_free, tokens_total = p.tokens_total,
-    tokens_free = p.tokens_free, accepts = {}, prefers = {}, pool = p.pool}
-  for _, c in ipairs(p.accepts) do r.accepts[c] = true end
-  for _, c in ipairs(p.prefers) do r.prefers[c] = true end
-  replicas[#replicas + 1] = r
-end
 local open = {}
-for _, r in ipairs(replicas) do if gate_open(r) then open[#open + 1] = r.id end end
-local candidates = {}
-for _, r in ipairs(replicas) do if gate_open(r) then candidates[#candidates + 1] = r end end
+for _, p in ipairs(PAYLOAD.replicas) do
+  local group = table.concat(p.accepts, ",") .. "|" .. table.concat(p.prefers, ",")
+  redis.call("HSET", k_replica(p.id), "slots_total", p.slots_total, "tokens_total", p.tokens_total,
+    "pool", p.pool, "group", group)
+  redis.call("SADD", K_GROUPS, group)
+  set_free(p.id, group, p.slots_free, p.tokens_free)
+  if gate_open({slots_free = p.slots_free}) then open[#open + 1] = p.id end
+end
+local groups = replica_groups()
 local placed = {}
 for _, ask in ipairs(PAYLOAD.asks) do
-  local r = choose_replica(candidates, ask.cost, ask.class)
+  local r = choose_replica(groups, ask.cost, ask.class)
   placed[#placed + 1] = r and r.id or ""
 end
 local cutoffs = {}
@@ -61,7 +59,7 @@ def test_gate_placement_and_band_order_agree(redis_url: str, seed: int) -> None:
     rng = random.Random(seed)
     replicas = [_replica(rng, i) for i in range(rng.randint(1, 7))]
     asks = [{"cost": rng.randint(1, 1600), "class": rng.choice(["short", "long"])} for _ in range(40)]
-    keys = QueueKeys(namespace="seams")
+    keys = QueueKeys(namespace=f"seams{seed}")
     source = "\n".join((LUA_DIR / f"{part}.lua").read_text() for part in LIBRARY) + PROBE
     payload = {"asks": asks, "replicas": [
         {"id": r.replica_id, "slots_total": r.slots_total, "slots_free": r.slots_free, "tokens_total": r.tokens_total,

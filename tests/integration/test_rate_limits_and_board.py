@@ -1,8 +1,9 @@
 """Rate limits and the metrics board on a real redis-server.
 
 * Two gateways (own connections) hammering one tenant's buckets admit exactly what the limits allow,
-  no more: the check is one atomic step in Redis, so it holds across gateway replicas.
-* The token bucket refills at its rate, settles to what was served, and says how long to wait.
+  no more: the check is part of the enqueue's atomic step in Redis, so it holds across gateway replicas.
+* The token bucket refills at its rate, settles at completion to what was served, is refunded when a
+  waiting ticket is withdrawn, and says how long to wait.
 * Published metrics are read back by any gateway, and a source that stops publishing disappears.
 """
 
@@ -14,10 +15,11 @@ import uuid
 import pytest
 import redis.asyncio as aioredis
 
-from fleet.metrics_board import MetricsBoard
 from fleet.keys import QueueKeys
-from fleet.rate_limits import RateLimiter
+from fleet.metrics_board import MetricsBoard
+from fleet.queue import GlobalQueue, QueueSettings
 from gateway.tenants import RateLimits
+from policies.types import BandPolicy, ReplicaCapacity, TicketSpec
 
 pytestmark = pytest.mark.integration
 
@@ -28,38 +30,56 @@ def _keys() -> QueueKeys:
     return QueueKeys(namespace=f"rl{uuid.uuid4().hex[:10]}")
 
 
+def _queue(redis_url: str, keys: QueueKeys) -> GlobalQueue:
+    return GlobalQueue(aioredis.Redis.from_url(redis_url), keys, QueueSettings((BandPolicy("only"),)))
+
+
+def _ticket(tenant: str, cost: int) -> TicketSpec:
+    return TicketSpec(uuid.uuid4().hex, tenant, "only", cost)
+
+
 async def test_request_limit_holds_across_two_gateways(redis_url: str) -> None:
     keys = _keys()
-    gateways = [RateLimiter(aioredis.Redis.from_url(redis_url), keys) for _ in range(2)]
+    gateways = [_queue(redis_url, keys) for _ in range(2)]
     limits = RateLimits(requests_per_minute=30)
-    # 2 gateways x 40 concurrent requests at one instant: exactly the bucket's 30 pass
-    decisions = await asyncio.gather(*(gateways[i % 2].take("acme", limits, 10, NOW) for i in range(80)))
-    assert sum(d.admitted for d in decisions) == 30
-    refused = [d for d in decisions if not d.admitted]
-    assert all(d.retry_after_s == pytest.approx(2.0) for d in refused)  # one request refills in 60/30 s
-    assert (await gateways[0].take("acme", limits, 10, NOW + 2_000)).admitted
-    assert not (await gateways[1].take("acme", limits, 10, NOW + 2_000)).admitted
-    assert (await gateways[1].take("other", limits, 10, NOW)).admitted  # buckets are per tenant
+    # 2 gateways x 40 concurrent enqueues at one instant: exactly the bucket's 30 pass
+    results = await asyncio.gather(*(gateways[i % 2].enqueue(_ticket("acme", 10), NOW, limits) for i in range(80)))
+    assert sum(r.admitted for r in results) == 30
+    refused = [r for r in results if not r.admitted]
+    assert {r.status for r in refused} == {"rate_limited"}
+    assert all(r.retry_after_ms == 2000 for r in refused)  # one request refills in 60/30 s
+    assert (await gateways[0].enqueue(_ticket("acme", 10), NOW + 2_000, limits)).admitted
+    assert not (await gateways[1].enqueue(_ticket("acme", 10), NOW + 2_000, limits)).admitted
+    assert (await gateways[1].enqueue(_ticket("other", 10), NOW, limits)).admitted  # buckets are per tenant
 
 
-async def test_token_limit_takes_estimates_and_settles_to_what_was_served(redis_url: str) -> None:
-    limiter = RateLimiter(aioredis.Redis.from_url(redis_url), _keys())
+async def test_token_limit_takes_estimates_settles_on_completion_and_refunds_on_cancel(redis_url: str) -> None:
+    queue = _queue(redis_url, _keys())
+    await queue.register_replica(ReplicaCapacity("r", 10, 10**6), lease_ms=10**9, now_ms=NOW)
     limits = RateLimits(tokens_per_minute=6000)
-    assert (await limiter.take("acme", limits, 5000, NOW)).admitted
-    refused = await limiter.take("acme", limits, 2000, NOW)
-    assert not refused.admitted and refused.retry_after_s == pytest.approx(10.0)  # 1000 tokens at 100/s
-    await limiter.settle("acme", limits, -4000, NOW)  # it served 1000 of its 5000 estimate
-    assert (await limiter.take("acme", limits, 2000, NOW)).admitted
+    first = _ticket("acme", 5000)
+    assert (await queue.enqueue(first, NOW, limits)).admitted
+    refused = await queue.enqueue(_ticket("acme", 2000), NOW, limits)
+    assert refused.status == "rate_limited" and refused.retry_after_ms == 10_000  # 1000 tokens at 100/s
+    assert (await queue.complete(first.ticket_id, 1000, NOW)).done  # it served 1000 of its 5000 estimate
+    assert (await queue.enqueue(_ticket("acme", 2000), NOW, limits)).admitted
     # larger than the whole bucket: passes when the bucket is full, so no request is impossible
-    assert (await limiter.take("big", limits, 9000, NOW)).admitted
-    assert not (await limiter.take("big", limits, 1, NOW + 1000)).admitted
+    assert (await queue.enqueue(_ticket("big", 9000), NOW, limits)).admitted
+    assert not (await queue.enqueue(_ticket("big", 1), NOW + 1000, limits)).admitted
+    # a waiting ticket withdrawn gives its estimate back: fill the replica, queue one, cancel it
+    await queue.register_replica(ReplicaCapacity("r", 2, 10**6), lease_ms=10**9, now_ms=NOW)  # both held
+    waiting = _ticket("calm", 6000)
+    assert (await queue.enqueue(waiting, NOW, limits)).grants == []
+    assert (await queue.enqueue(_ticket("calm", 1), NOW, limits)).status == "rate_limited"
+    assert (await queue.cancel(waiting.ticket_id, NOW)).status == "cancelled"
+    assert (await queue.enqueue(_ticket("calm", 6000), NOW, limits)).admitted
 
 
-async def test_unlimited_tenants_never_touch_redis(redis_url: str) -> None:
-    client = aioredis.Redis.from_url(redis_url)
+async def test_unlimited_tenants_never_touch_a_bucket(redis_url: str) -> None:
     keys = _keys()
-    assert (await RateLimiter(client, keys).take("free", RateLimits(), 10**9)).admitted
-    assert not await client.exists(keys.rate_bucket("free"))
+    queue = _queue(redis_url, keys)
+    assert (await queue.enqueue(_ticket("free", 10**6), NOW, RateLimits())).admitted
+    assert not await queue.client.exists(keys.rate_bucket("free"))
 
 
 async def test_metrics_board_shows_live_sources_only(redis_url: str) -> None:
