@@ -52,6 +52,11 @@ class QueueConfig(BaseModel):
         "redis://127.0.0.1:6379/0",
         description="Redis URL (redis://, rediss:// for TLS, user:password@ for AUTH); REDIS_URL overrides.",
     )
+    redis_cluster: bool = Field(
+        False, description="The URL names a node of a Redis Cluster: use redis-py's cluster client. A namespace's "
+        "keys share one hash slot, so each namespace lives on one shard; give models or pools their own namespace "
+        "to spread them.",
+    )
     redis_max_connections: int = Field(
         64, ge=2, description="Connections one process opens to Redis at most. A call that finds them all busy "
         "waits for one (up to redis_pool_timeout_s) instead of failing, so a burst queues instead of answering 503.",

@@ -35,6 +35,11 @@ def redis_client(config: QueueConfig, max_connections: int | None = None, url: s
     "duplicate", taken as admitted).
     """
     retry = Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), 2, supported_errors=(redis.ConnectionError,))
+    if config.redis_cluster:  # its per-node pools raise at their cap: GlobalQueue bounds the calls in flight
+        return aioredis.RedisCluster.from_url(
+            url or config.resolved_redis_url(), max_connections=2 * (max_connections or config.redis_max_connections),
+            socket_connect_timeout=2, retry=retry,
+        )
     pool = aioredis.BlockingConnectionPool.from_url(
         url or config.resolved_redis_url(), max_connections=max_connections or config.redis_max_connections,
         timeout=config.redis_pool_timeout_s, socket_connect_timeout=2, health_check_interval=10,
@@ -43,5 +48,7 @@ def redis_client(config: QueueConfig, max_connections: int | None = None, url: s
 
 
 def global_queue(config: QueueConfig, client: aioredis.Redis) -> GlobalQueue:
-    """The global queue of the configured namespace on ``client``."""
-    return GlobalQueue(client, QueueKeys(namespace=config.namespace), queue_settings(config))
+    """The global queue of the configured namespace on ``client`` (a call that stops at its bounds is
+    continued in the background)."""
+    return GlobalQueue(client, QueueKeys(namespace=config.namespace), queue_settings(config), follow_up=True,
+                       max_in_flight=config.redis_max_connections)

@@ -7,6 +7,7 @@ code (the status CLI, tests, tools) uses the same class through :func:`fleet.blo
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 from functools import cache
@@ -32,6 +33,7 @@ from policies.types import (
 LUA_DIR = Path(__file__).with_name("lua")
 # the library every script starts with: state, then one file per policy seam, then the dispatch loop
 LIBRARY = ("state", "rate_limits", "band_order", "fairness", "ordering", "gate", "placement", "dispatch")
+RENEW_BATCH = 1000  # lease renewals per call: about 2 ms of Redis time
 SCRIPT_NAMES = (
     "enqueue", "register_replica", "deregister_replica", "complete", "cancel", "requeue", "renew", "expire",
     "snapshot",
@@ -50,7 +52,8 @@ class QueueSettings:
 
     bands: tuple[BandPolicy, ...]
     lease_ms: int = 15_000
-    max_grants: int = 256
+    max_grants: int = 64  # per call; a call that stops there says so, and the client dispatches again
+    bulk_limit: int = 256  # per call: leases reaped, tickets aged per band
     inbox_ttl_ms: int = 60_000
 
     def to_json(self, keys: QueueKeys) -> str:
@@ -61,7 +64,8 @@ class QueueSettings:
                  "max_queued_tokens": b.max_queued_tokens}
                 for b in self.bands
             ],
-            "max_grants": self.max_grants, "lease_ms": self.lease_ms, "inbox_ttl_ms": self.inbox_ttl_ms,
+            "max_grants": self.max_grants, "bulk_limit": self.bulk_limit, "lease_ms": self.lease_ms,
+            "inbox_ttl_ms": self.inbox_ttl_ms,
             "keys": keys.families(),
         })  # fmt: skip
 
@@ -94,18 +98,37 @@ class GlobalQueue:
     ReferenceScheduler`, with an optional explicit clock (``now_ms``; None: the Redis server's clock).
     """
 
-    def __init__(self, client: aioredis.Redis, keys: QueueKeys, settings: QueueSettings) -> None:
+    def __init__(self, client: aioredis.Redis, keys: QueueKeys, settings: QueueSettings,
+                 follow_up: bool = False, max_in_flight: int | None = None) -> None:
         self.client = client
         self.keys = keys
         self.settings = settings
         self._config_json = settings.to_json(keys)
         self._declared = keys.declared()
         self._scripts = {name: client.register_script(script_source(name)) for name in SCRIPT_NAMES}
+        self._follow_up = follow_up
+        self._following: asyncio.Task | None = None
+        # calls in flight wait here rather than fail at a connection pool's cap (a cluster client's raises)
+        self._in_flight = asyncio.Semaphore(max_in_flight) if max_in_flight else None
 
     async def _call(self, name: str, payload: dict[str, Any], now_ms: int | None) -> dict[str, Any]:
         now = "" if now_ms is None else str(int(now_ms))
-        raw = await self._scripts[name](keys=self._declared, args=[self._config_json, now, json.dumps(payload)])
-        return json.loads(raw)
+        args = [self._config_json, now, json.dumps(payload)]
+        if self._in_flight is None:
+            raw = await self._scripts[name](keys=self._declared, args=args)
+        else:
+            async with self._in_flight:
+                raw = await self._scripts[name](keys=self._declared, args=args)
+        reply = json.loads(raw)
+        if reply.get("more") and self._follow_up and now_ms is None:
+            self._continue()
+        return reply
+
+    def _continue(self) -> None:
+        """A call stopped at its bounds with work left (grants, reaping, aging): go on in the background,
+        one sweep at a time, so no single script call holds Redis for long and nothing is left waiting."""
+        if self._following is None or self._following.done():
+            self._following = asyncio.get_running_loop().create_task(self.expire())
 
     async def enqueue(self, spec: TicketSpec, now_ms: int | None = None,
                       limits: RateLimits | None = None) -> EnqueueResult:
@@ -142,12 +165,13 @@ class GlobalQueue:
         return RequeueResult(bool(result["moved"]), _grants(result["grants"]))
 
     async def renew(self, ticket_ids: list[str], now_ms: int | None = None) -> list[str]:
-        """Extend these tickets' leases; returns the ids that no longer exist."""
-        if not ticket_ids:
-            return []
-        payload = {"ticket_ids": ticket_ids, "lease_ms": self.settings.lease_ms}
-        missing = (await self._call("renew", payload, now_ms))["missing"]
-        return list(missing) if isinstance(missing, list) else []
+        """Extend these tickets' leases (a bounded batch per call); returns the ids that no longer exist."""
+        missing: list[str] = []
+        for start in range(0, len(ticket_ids), RENEW_BATCH):
+            payload = {"ticket_ids": ticket_ids[start:start + RENEW_BATCH], "lease_ms": self.settings.lease_ms}
+            found = (await self._call("renew", payload, now_ms))["missing"]
+            missing += found if isinstance(found, list) else []
+        return missing
 
     async def expire(self, now_ms: int | None = None) -> list[Grant]:
         """Reap expired leases and dispatch."""

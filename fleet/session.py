@@ -12,7 +12,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 import uuid
+from dataclasses import dataclass
 from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
@@ -47,6 +49,13 @@ class QueueDeadlineExpired(Exception):
 
 class QueueTicketLost(Exception):
     """The queue no longer has the waiting ticket (Redis restarted empty, or its lease lapsed)."""
+
+
+@dataclass
+class AdmitTiming:
+    """When an admission's enqueue returned (monotonic), for the per-stage timing of its request."""
+
+    enqueued_at: float | None = None
 
 
 class QueueSession:
@@ -93,7 +102,8 @@ class QueueSession:
         """A fresh ticket id (also used as the request's engine id suffix)."""
         return uuid.uuid4().hex
 
-    async def admit(self, spec: TicketSpec, timeout_s: float, limits: RateLimits | None = None) -> Grant:
+    async def admit(self, spec: TicketSpec, timeout_s: float, limits: RateLimits | None = None,
+                    timing: AdmitTiming | None = None) -> Grant:
         """Enqueue ``spec`` (its tenant's rate ``limits`` taken in the same step) and wait up to ``timeout_s``
         for its grant.
 
@@ -113,6 +123,8 @@ class QueueSession:
             if not result.admitted and result.status != "duplicate":
                 raise QueueRejected(result.status)
             self._owned.add(spec.ticket_id)
+            if timing is not None:
+                timing.enqueued_at = time.monotonic()
             return result.grants
 
         return await self._wait_for_grant(spec, timeout_s, enqueue)

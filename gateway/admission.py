@@ -14,14 +14,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import redis
 
 from fleet.config import QueueConfig
 from fleet.connection import global_queue, redis_client
-from fleet.session import QueueDeadlineExpired, QueueRateLimited, QueueRejected, QueueSession, QueueTicketLost
+from fleet.session import AdmitTiming, QueueDeadlineExpired, QueueRateLimited, QueueRejected, QueueSession, QueueTicketLost
 from gateway.classify import Classification
 from gateway.errors import (
     GatewayError,
@@ -63,6 +63,7 @@ class Admitted(Protocol):
     pool: str
     replica_id: str | None
     queue_ms: float | None
+    stages: dict[str, float]  # admission's stages (enqueue, wait_grant), in seconds
 
     async def requeue(self) -> None:
         """The named replica is gone: wait for another place, or raise the client-facing error."""
@@ -90,6 +91,7 @@ class DirectPlace:
     pool: str
     replica_id: str | None = None
     queue_ms: float | None = None
+    stages: dict[str, float] = field(default_factory=dict)
 
     async def requeue(self) -> None:
         """Without grants nothing is misrouted; a replica answering so is a failure."""
@@ -147,15 +149,21 @@ class QueueAdmission:
             owner=session.owner, flow=request.asked.flow,
         )
         max_wait_s = min(self.config.max_wait_s, request.asked.ttft_slo_s or self.config.max_wait_s)
+        started = self._clock()
+        timing = AdmitTiming()
         try:
-            grant = await self.await_grant(session.admit(spec, max_wait_s, request.tenant.rate_limits))
+            grant = await self.await_grant(session.admit(spec, max_wait_s, request.tenant.rate_limits, timing))
         except Rejected as exc:
             self.metrics.rejections.labels(self.metrics.tenant(spec.tenant), spec.band, exc.reason).inc()
             raise
-        queue_s = self._clock() - request.arrived
+        granted = self._clock()
+        queue_s = granted - request.arrived
         self.metrics.grants.labels(self.metrics.tenant(spec.tenant), grant.band, spec.length_class, grant.pool).inc()
         self.metrics.queue_wait.labels(spec.band).observe(queue_s)
-        return QueuePlace(self, session, spec, max_wait_s, grant, queue_s * 1000)
+        place = QueuePlace(self, session, spec, max_wait_s, grant, queue_s * 1000)
+        enqueued = timing.enqueued_at or granted
+        place.stages = {"enqueue": enqueued - started, "wait_grant": granted - enqueued}
+        return place
 
     async def await_grant(self, waiting: Awaitable[Grant]) -> Grant:
         """Await a grant; admission failures become the client-facing 429 / 503 errors."""
@@ -174,6 +182,7 @@ class QueuePlace:
         self._max_wait_s = max_wait_s
         self._requeues = 0
         self.queue_ms = queue_ms
+        self.stages: dict[str, float] = {}
         self._take(grant)
 
     def _take(self, grant: Grant) -> None:

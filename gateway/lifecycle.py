@@ -51,11 +51,13 @@ class RequestLifecycle:
     async def handle(self, request: Request, endpoint: Endpoint) -> Response:
         """Answer one completion request (the errors a client can see are raised as GatewayError)."""
         arrived = self._clock()
+        stages = Stages(self._metrics, self._clock, arrived)
         tenant_id, band, status = "", "", 500
         try:
             tenant = self._access.authenticate(request.headers)
             tenant_id = tenant.id
             parsed = parse_request(await read_body(request, self._max_body_bytes), endpoint)
+            stages.lap("parse")
             self._check_model(parsed)
             self._access.check_model(tenant, parsed.model)
             asked = read_headers(request.headers, self._queue.band_names, self._queue.objectives)
@@ -63,11 +65,14 @@ class RequestLifecycle:
             band = decision.band
             if decision.capped:
                 self._metrics.capped.labels(self._metrics.tenant(tenant_id), decision.requested, band).inc()
+            stages.lap("authorise")
             size = await self._classifier.classify(parsed, await self._pools.max_model_len())
             client_wants_usage = _prepare_body(parsed, self._queue.vllm_priority(band))
+            stages.lap("count_tokens")
             admission = AdmissionRequest(parsed, tenant, decision, asked, size, arrived)
             place = await self._admission.admit(admission)
-            response = await self._forward_and_relay(admission, place, client_wants_usage)
+            stages.laps(place.stages)
+            response = await self._forward_and_relay(admission, place, client_wants_usage, stages)
             status = response.status_code
             return response
         except GatewayError as exc:
@@ -83,8 +88,8 @@ class RequestLifecycle:
             logger.info("request %s tenant=%s band=%s status=%s %.0f ms", request_id_of(request.headers),
                         tenant_id or "-", band or "-", status, (self._clock() - arrived) * 1000)
 
-    async def _forward_and_relay(self, admission: AdmissionRequest, place: Admitted,
-                                 client_wants_usage: bool) -> Response:
+    async def _forward_and_relay(self, admission: AdmissionRequest, place: Admitted, client_wants_usage: bool,
+                                 stages: Stages) -> Response:
         settlement = Settlement(self._metrics, admission.tenant.id, admission.decision.band, admission.arrived,
                                 place, self._clock)
         served, streaming = 0, False
@@ -95,12 +100,16 @@ class RequestLifecycle:
             headers = classification_headers(admission.decision, admission.size, place.pool, place.queue_ms,
                                               self._admission.gateway_id)
             if not header["stream"]:
+                stages.lap("first_token")
                 served = reported_tokens(header["body"], admission.size.prompt_tokens)
                 return JSONResponse(header["body"], headers=headers)
             usage = StreamUsage(admission.size.prompt_tokens, client_wants_usage, self._clock)
 
             async def on_exit() -> None:
                 replies.cancel()
+                if usage.chunk_times:
+                    stages.lap("first_token", at=usage.chunk_times[0])
+                    stages.lap("relay")
                 await settlement.settle(usage.total_tokens, usage.chunk_times)
 
             streaming = True
@@ -131,6 +140,25 @@ class RequestLifecycle:
                 f"The model `{parsed.model}` does not exist; this gateway serves `{self._served_model_name}`.",
                 param="model",
             )
+
+
+class Stages:
+    """Where one request's time goes: each lap is the time since the previous one, by stage."""
+
+    def __init__(self, metrics: GatewayMetrics, clock: Callable[[], float], start: float) -> None:
+        self._metrics, self._clock, self._last = metrics, clock, start
+
+    def lap(self, stage: str, at: float | None = None) -> None:
+        """Record ``stage`` as ending now (or ``at``)."""
+        now = self._clock() if at is None else at
+        self._metrics.stage.labels(stage).observe(max(0.0, now - self._last))
+        self._last = now
+
+    def laps(self, durations: dict[str, float]) -> None:
+        """Stages measured elsewhere (admission's enqueue and wait), ending now."""
+        for stage, seconds in durations.items():
+            self._metrics.stage.labels(stage).observe(seconds)
+        self._last = self._clock()
 
 
 def _prepare_body(parsed: ParsedRequest, vllm_priority: int) -> bool:

@@ -13,6 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 disable_created_metrics()
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
+STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+                 30, 120)
 TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5, 5)
 
 
@@ -41,6 +43,10 @@ class GatewayMetrics:
         self.inter_token = Histogram("fleetgate_inter_token_latency_seconds",
                                      "Gap between consecutive streamed chunks, as the gateway relays them.",
                                      ["band"], buckets=TOKEN_GAP_BUCKETS, registry=r)
+        self.stage = Histogram("fleetgate_request_stage_seconds",
+                               "Where a request's time goes: authorise, parse, count_tokens, enqueue, wait_grant, "
+                               "first_token (forward to the engine's first token), relay (first token to the end).",
+                               ["stage"], buckets=STAGE_BUCKETS, registry=r)
         self.duration = Histogram("fleetgate_request_duration_seconds", "Arrival to the last byte of the reply.",
                                   ["band"], buckets=LATENCY_BUCKETS, registry=r)
 

@@ -69,7 +69,7 @@ class _BandState:
 class ReferenceScheduler:
     """In-memory model of the Redis global queue; same inputs give the same decisions as the Lua."""
 
-    def __init__(self, bands: list[BandPolicy], max_grants_per_dispatch: int = 1000) -> None:
+    def __init__(self, bands: list[BandPolicy], max_grants_per_dispatch: int = 10**6, bulk_limit: int = 10**9) -> None:
         if not bands:
             raise ValueError("at least one band is required")
         self.bands = list(bands)
@@ -79,6 +79,9 @@ class ReferenceScheduler:
         self.replicas: dict[str, ReplicaCapacity] = {}
         self.served: dict[str, int] = {}  # tokens charged per tenant at completion
         self.max_grants_per_dispatch = max_grants_per_dispatch
+        # per call at most this many leases reaped, and tickets aged per band (the Lua's bounds, to mirror it;
+        # unbounded by default, as one call that the Lua splits into several)
+        self.bulk_limit = bulk_limit
 
     # ----- calls (each: reap, apply, dispatch) -----
 
@@ -261,13 +264,14 @@ class ReferenceScheduler:
             flows.counters[spec.flow] = flows.counters.get(spec.flow, 0.0) + amount
 
     def _reap(self, now_ms: int) -> None:
-        for replica_id in [r for r, cap in self.replicas.items() if cap.expires_ms <= now_ms]:
+        dead = sorted((cap.expires_ms, r) for r, cap in self.replicas.items() if cap.expires_ms <= now_ms)
+        for _, replica_id in dead[: self.bulk_limit]:
             del self.replicas[replica_id]
         expired = sorted(
             (t for t in self.tickets.values() if t.lease_expires_ms <= now_ms),
             key=lambda t: (t.lease_expires_ms, t.spec.ticket_id),
         )
-        for ticket in expired:
+        for ticket in expired[: self.bulk_limit]:
             if ticket.granted_to is None:
                 self._remove_waiting(ticket)
             else:
@@ -285,7 +289,7 @@ class ReferenceScheduler:
                  if t.granted_to is None and t.band == band.name and t.entered_band_ms <= cutoff),
                 key=lambda t: (t.entered_band_ms, t.spec.ticket_id),
             )
-            for ticket in aged:
+            for ticket in aged[: self.bulk_limit]:
                 self._remove_waiting(ticket)
                 self._push(ticket, self.bands[index - 1].name, now_ms, at_head=False)
 

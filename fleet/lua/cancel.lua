@@ -14,4 +14,4 @@ elseif t then
   redis.call("HINCRBY", K_STATS, "cancelled", 1)
   status = "cancelled"
 end
-return cjson.encode({status = status, replica_id = replica_id, pool = pool, grants = dispatch()})
+return reply({status = status, replica_id = replica_id, pool = pool, grants = dispatch()})

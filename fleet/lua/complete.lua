@@ -15,4 +15,4 @@ if t and t.granted_to ~= "" then
   rate_settle(t.tenant, t.rpm, t.tpm, PAYLOAD.actual_cost - t.cost)
   done = true
 end
-return cjson.encode({done = done, grants = dispatch()})
+return reply({done = done, grants = dispatch()})

@@ -1,4 +1,4 @@
 -- Remove a replica (graceful shutdown), then dispatch. PAYLOAD: {replica_id}
 reap()
 remove_replica(PAYLOAD.replica_id)
-return cjson.encode({grants = dispatch()})
+return reply({grants = dispatch()})

@@ -52,8 +52,10 @@ local function remove_replica(id)
 end
 
 local function reap()
-  for _, id in ipairs(redis.call("ZRANGEBYSCORE", K_REPLICAS, "-inf", NOW)) do remove_replica(id) end
-  local expired = redis.call("ZRANGEBYSCORE", K_LEASES, "-inf", NOW)
+  local dead = redis.call("ZRANGEBYSCORE", K_REPLICAS, "-inf", NOW, "LIMIT", 0, CFG.bulk_limit)
+  for _, id in ipairs(dead) do remove_replica(id) end
+  local expired = redis.call("ZRANGEBYSCORE", K_LEASES, "-inf", NOW, "LIMIT", 0, CFG.bulk_limit)
+  if #dead == CFG.bulk_limit or #expired == CFG.bulk_limit then MORE = true end
   for _, id in ipairs(expired) do
     local t = ticket_fields(id)
     if t then
@@ -75,7 +77,9 @@ local function promote_aged()
   for i = 2, #BANDS do
     local cutoff = aging_cutoff(i)
     if cutoff then
-      for _, id in ipairs(redis.call("ZRANGEBYSCORE", k_wait(BANDS[i].name), "-inf", cutoff)) do
+      local aged = redis.call("ZRANGEBYSCORE", k_wait(BANDS[i].name), "-inf", cutoff, "LIMIT", 0, CFG.bulk_limit)
+      if #aged == CFG.bulk_limit then MORE = true end
+      for _, id in ipairs(aged) do
         local t = ticket_fields(id)
         remove_waiting(t)
         push(t, BANDS[i - 1].name, false)
@@ -149,7 +153,11 @@ end
 local function dispatch()
   promote_aged()
   local grants = {}
-  while #grants < CFG.max_grants do
+  while true do
+    if #grants == CFG.max_grants then
+      MORE = true
+      break
+    end
     local g = grant_one()
     if not g then break end
     grants[#grants + 1] = g

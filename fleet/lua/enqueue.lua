@@ -42,4 +42,4 @@ end
 if status ~= "admitted" then redis.call("HINCRBY", K_STATS, "rejected:" .. status, 1) end
 local grants = dispatch()
 if own_grant then table.insert(grants, 1, own_grant) end
-return cjson.encode({status = status, grants = grants, retry_after_ms = retry_ms})
+return reply({status = status, grants = grants, retry_after_ms = retry_ms})

@@ -1,3 +1,3 @@
 -- Periodic sweep: reap expired leases (dead gateways and replicas), then dispatch. PAYLOAD: {}
 reap()
-return cjson.encode({grants = dispatch()})
+return reply({grants = dispatch()})

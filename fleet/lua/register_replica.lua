@@ -21,4 +21,4 @@ redis.call("HSET", key, "slots_total", p.slots_total, "tokens_total", p.tokens_t
 redis.call("SADD", K_GROUPS, group)
 set_free(p.replica_id, group, slots_free, tokens_free)
 redis.call("ZADD", K_REPLICAS, NOW + p.lease_ms, p.replica_id)
-return cjson.encode({grants = dispatch()})
+return reply({grants = dispatch()})

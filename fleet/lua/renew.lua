@@ -12,4 +12,4 @@ for _, id in ipairs(PAYLOAD.ticket_ids) do
     missing[#missing + 1] = id
   end
 end
-return cjson.encode({alive = alive, missing = missing})
+return reply({alive = alive, missing = missing})

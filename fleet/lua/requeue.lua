@@ -12,4 +12,4 @@ if t and t.granted_to ~= "" then
   redis.call("HINCRBY", K_STATS, "requeued", 1)
   moved = true
 end
-return cjson.encode({moved = moved, grants = dispatch()})
+return reply({moved = moved, grants = dispatch()})

@@ -23,6 +23,13 @@ end
 local PAYLOAD = cjson.decode(ARGV[3])
 -- the ticket this call is about: a grant to it is returned inline, so it is not also pushed to an inbox
 local INLINE_TICKET = PAYLOAD.ticket_id or ""
+-- every call does bounded work; one that stops at a bound with work left says so ("more"), and the
+-- client calls again (expire) instead of one call holding Redis for long
+local MORE = false
+local function reply(result)
+  result.more = MORE
+  return cjson.encode(result)
+end
 
 local BANDS = {}
 local BAND_INDEX = {}

