@@ -33,6 +33,8 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
+from fleet.config import QueueConfig
+from fleet.connection import redis_client
 from fleet.keys import QueueKeys
 from fleet.queue import GlobalQueue, QueueSettings
 from fleet.session import QueueSession
@@ -48,8 +50,13 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def _client(url: str) -> aioredis.Redis:
+    return redis_client(QueueConfig(redis_url=url))  # the gateway's own: a bounded pool that waits when busy
+
+
 def _queue(url: str, namespace: str) -> GlobalQueue:
-    return GlobalQueue(aioredis.Redis.from_url(url), QueueKeys(namespace=namespace), QueueSettings(BANDS))
+    # leases far longer than a run: nothing expires while the bench measures
+    return GlobalQueue(_client(url), QueueKeys(namespace=namespace), QueueSettings(BANDS, lease_ms=3_600_000))
 
 
 async def _fleet(url: str, namespace: str, replicas: int, waiting_tenants: int = 0, slots: int = 4096) -> None:
@@ -81,7 +88,7 @@ async def _sequential(url: str, namespace: str, requests: int, limits: Any = Non
     for index in range(requests):
         spec = TicketSpec(uuid.uuid4().hex, f"tenant-{index % 8}", "standard", 300)
         started = time.perf_counter()
-        result = await queue.enqueue(spec, limits=limits)
+        result = await (queue.enqueue(spec) if limits is None else queue.enqueue(spec, limits=limits))
         assert result.grants and result.grants[0].ticket_id == spec.ticket_id, result
         await queue.complete(spec.ticket_id, 280)
         samples.append((time.perf_counter() - started) * 1000)
@@ -115,7 +122,7 @@ def round_trips(url: str, requests: int) -> dict[str, float]:
         client.config_resetstat()
 
         async def run(limits: Any = limits) -> None:
-            session = QueueSession(_queue(url, namespace), aioredis.Redis.from_url(url))
+            session = QueueSession(_queue(url, namespace), _client(url))
             for index in range(requests):
                 spec = TicketSpec(session.new_ticket_id(), f"tenant-{index % 8}", "standard", 300,
                                   owner=session.owner)
@@ -133,7 +140,7 @@ def round_trips(url: str, requests: int) -> dict[str, float]:
 
 def _process_worker(url: str, namespace: str, tasks: int, seconds: float, rate: float, out: Any) -> None:
     async def run() -> tuple[int, list[float]]:
-        session = QueueSession(_queue(url, namespace), aioredis.Redis.from_url(url))
+        session = QueueSession(_queue(url, namespace), _client(url))
         await session.start()
         done, latencies = 0, []
         deadline = time.perf_counter() + seconds
@@ -164,7 +171,11 @@ def _process_worker(url: str, namespace: str, tasks: int, seconds: float, rate: 
         await session.close()
         return done, latencies
 
-    out.put(asyncio.run(run()))
+    try:
+        out.put(asyncio.run(run()))
+    except BaseException as exc:  # the parent must hear of it, not wait forever
+        out.put(exc)
+        raise
 
 
 def _processes(url: str, namespace: str, processes: int, tasks: int, seconds: float, rate: float) -> tuple[int, list[float], float]:
@@ -177,6 +188,9 @@ def _processes(url: str, namespace: str, processes: int, tasks: int, seconds: fl
     results = [out.get() for _ in workers]
     for worker in workers:
         worker.join()
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
     return sum(r[0] for r in results), [x for r in results for x in r[1]], time.perf_counter() - started
 
 

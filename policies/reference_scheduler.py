@@ -86,10 +86,12 @@ class ReferenceScheduler:
     # ----- calls (each: reap, apply, dispatch) -----
 
     def enqueue(self, spec: TicketSpec, now_ms: int, lease_ms: int) -> EnqueueResult:
-        """Admit a ticket into its band (or reject it), then dispatch."""
+        """Admit a ticket into its band (or reject it), then dispatch. Aged tickets move up before the new
+        ticket enters: they arrived earlier."""
         self._reap(now_ms)
+        self._promote_aged(now_ms)
         status = self._admit(spec, now_ms, lease_ms)
-        return EnqueueResult(status, self._dispatch(now_ms))
+        return EnqueueResult(status, self._dispatch(now_ms, promoted=True))
 
     def register_replica(self, capacity: ReplicaCapacity, now_ms: int, lease_ms: int) -> list[Grant]:
         """Register a replica or renew its lease (a changed total adjusts what is free), then dispatch."""
@@ -293,8 +295,9 @@ class ReferenceScheduler:
                 self._remove_waiting(ticket)
                 self._push(ticket, self.bands[index - 1].name, now_ms, at_head=False)
 
-    def _dispatch(self, now_ms: int) -> list[Grant]:
-        self._promote_aged(now_ms)
+    def _dispatch(self, now_ms: int, promoted: bool = False) -> list[Grant]:
+        if not promoted:
+            self._promote_aged(now_ms)
         grants: list[Grant] = []
         while len(grants) < self.max_grants_per_dispatch:
             grant = self._grant_one()

@@ -3,6 +3,7 @@
 -- limits, absent when unlimited). A repeat of an enqueue that went through answers "duplicate", with the
 -- ticket's grant if it has one (the retried caller never got the first reply).
 reap()
+promote_aged()  -- aged tickets move up before this one enters: they arrived earlier
 local p = PAYLOAD
 local status, retry_ms = nil, 0
 local index = BAND_INDEX[p.band]
@@ -18,7 +19,7 @@ elseif redis.call("EXISTS", k_ticket(p.ticket_id)) == 1 then
   end
 else
   local band = BANDS[index]
-  local queued = tonumber(redis.call("HGET", K_QN, p.band) or "0")
+  local queued = waiting_counts()[p.band]
   local queued_tokens = tonumber(redis.call("HGET", K_QT, p.band) or "0")
   if queued >= band.max_queued then
     status = "queue_full"
@@ -35,11 +36,14 @@ else
     if p.tpm then fields[#fields + 1] = "tpm"; fields[#fields + 1] = p.tpm end
     redis.call("HSET", k_ticket(p.ticket_id), unpack(fields))
     redis.call("ZADD", K_LEASES, NOW + CFG.lease_ms, p.ticket_id)
-    push({id = p.ticket_id, tenant = p.tenant, cost = p.cost, band = p.band, flow = p.flow or ""}, p.band, false)
+    local t = {id = p.ticket_id, tenant = p.tenant, cost = p.cost, band = p.band, flow = p.flow or "",
+      weight = tonumber(num(p.weight)), class = p.class, owner = p.owner}
+    own_grant = grant_at_once(t)
+    if not own_grant then push(t, p.band, false) end
     status = "admitted"
   end
 end
 if status ~= "admitted" then redis.call("HINCRBY", K_STATS, "rejected:" .. status, 1) end
-local grants = dispatch()
+local grants = dispatch(true)
 if own_grant then table.insert(grants, 1, own_grant) end
 return reply({status = status, grants = grants, retry_after_ms = retry_ms})

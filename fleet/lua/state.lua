@@ -100,8 +100,23 @@ local function ticket_fields(id)
     flow = f[10] or "", rpm = tonumber(f[11] or ""), tpm = tonumber(f[12] or "")}
 end
 
+-- tickets waiting per band (read once per call, kept current by count_waiting)
+local COUNTS = nil
+local function waiting_counts()
+  if COUNTS == nil then
+    local names = {}
+    for i, band in ipairs(BANDS) do names[i] = band.name end
+    local values = redis.call("HMGET", K_QN, unpack(names))
+    COUNTS = {}
+    for i, name in ipairs(names) do COUNTS[name] = tonumber(values[i] or "0") end
+  end
+  return COUNTS
+end
+
 -- the ticket's place in its band's bookkeeping (depth per band and tenant, the aging index)
 local function count_waiting(t, band, sign)
+  local counts = waiting_counts()
+  counts[band] = counts[band] + sign
   redis.call("HINCRBY", K_QN, band, sign)
   redis.call("HINCRBY", K_QT, band, sign * t.cost)
   if sign > 0 then

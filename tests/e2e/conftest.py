@@ -1,7 +1,8 @@
 """One `serve run deploy/local.yaml` deployment shared by every end-to-end test module.
 
 The deployment is the shipped local config with these changes: 2 gateway replicas (fleet-wide ordering and
-limits across gateways), 4 sequences per vLLM replica (so a small flood already queues), API keys required
+limits across gateways), 4 sequences per vLLM replica (so a small flood already queues), 8 Redis
+connections per gateway (so a burst waits for them), API keys required
 (no anonymous access) from a tenants file written for the tests, and metrics published every second.
 """
 
@@ -24,6 +25,7 @@ SLOTS_PER_REPLICA = 4
 GATEWAY_REPLICAS = 2
 REPLICAS = 2  # vLLM replicas in deploy/local.yaml: one latency, one throughput
 RATE_LIMIT_RPM = 20
+REDIS_CONNECTIONS = 8  # per gateway process: a burst must wait for them, never fail
 SCRAPE_KEY = "fg-scrape-key-for-the-e2e-tests"  # /metrics needs it (metrics.scrape_key_sha256)
 
 TENANTS = f"""
@@ -85,6 +87,7 @@ def base_url(tiny_model_path: Path, redis_url: str, tenants_file: Path, api_keys
             pool["engine"]["max_num_seqs"] = SLOTS_PER_REPLICA
         args["access"] = {"tenants_file": str(tenants_file), "allow_anonymous": False, "reload_interval_s": 0.5}
         args["metrics"] = {"publish_interval_s": 1.0, "scrape_key_sha256": hash_key(SCRAPE_KEY)}
+        args["queue"]["redis_max_connections"] = REDIS_CONNECTIONS
 
     def every_replica_up() -> bool:  # vLLM replicas registered their capacity; gateways publish metrics
         client = redis.Redis.from_url(redis_url)

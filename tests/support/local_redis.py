@@ -94,7 +94,7 @@ def redis_cli_binary() -> str:
 @contextmanager
 def running_redis_cluster(work_dir: Path, nodes: int = 3) -> Iterator[str]:
     """Run a Redis Cluster of ``nodes`` primaries (no replicas) until the block ends; yield one node's URL."""
-    ports = [_free_port() for _ in range(nodes)]
+    ports = _cluster_ports(nodes)
     processes = []
     try:
         for port in ports:
@@ -121,6 +121,25 @@ def running_redis_cluster(work_dir: Path, nodes: int = 3) -> Iterator[str]:
             if process.poll() is None:
                 process.terminate()
                 process.wait(timeout=10)
+
+
+def _cluster_ports(count: int) -> list[int]:
+    """Free ports whose cluster bus ports (port + 10000) are free and valid too."""
+    import random
+
+    ports: list[int] = []
+    while len(ports) < count:
+        port = random.randrange(20000, 30000)
+        if port in ports:
+            continue
+        try:
+            for candidate in (port, port + 10000):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", candidate))
+        except OSError:
+            continue
+        ports.append(port)
+    return ports
 
 
 def _wait_for_ping(url: str, process: subprocess.Popen) -> None:
