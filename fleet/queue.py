@@ -111,6 +111,11 @@ class GlobalQueue:
         # calls in flight wait here rather than fail at a connection pool's cap (a cluster client's raises)
         self._in_flight = asyncio.Semaphore(max_in_flight) if max_in_flight else None
 
+    def on_client(self, client: aioredis.Redis) -> GlobalQueue:
+        """The same queue through another client, with no bound on calls in flight (a lease keeper's own
+        connection, so renewals never queue behind request traffic)."""
+        return GlobalQueue(client, self.keys, self.settings, follow_up=self._follow_up)
+
     async def _call(self, name: str, payload: dict[str, Any], now_ms: int | None) -> dict[str, Any]:
         now = "" if now_ms is None else str(int(now_ms))
         args = [self._config_json, now, json.dumps(payload)]

@@ -61,12 +61,16 @@ class AdmitTiming:
 class QueueSession:
     """Admission through the global queue for one gateway replica (owner of its tickets)."""
 
-    def __init__(self, queue: GlobalQueue, blocking_client: aioredis.Redis, owner: str | None = None,
+    def __init__(self, queue: GlobalQueue, side_client: aioredis.Redis, owner: str | None = None,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.queue = queue
         self._sleep = sleep  # the lease keeper's pause (tests drive it)
         self.owner = owner or f"gw-{uuid.uuid4().hex[:16]}"
-        self._blocking = blocking_client
+        # the inbox listener and the lease keeper have their own connections (``side_client``, two are
+        # enough): under a burst, request traffic queues for the main pool, and renewals must not wait
+        # behind it, or the leases of waiting tickets lapse
+        self._blocking = side_client
+        self._leases = queue.on_client(side_client)
         self._waiting: dict[str, asyncio.Future[Grant]] = {}
         self._owned: set[str] = set()
         self._tasks: list[asyncio.Task] = []
@@ -229,8 +233,8 @@ class QueueSession:
             await self._sleep(period)
             try:
                 if self._owned:
-                    self._fail_lost(await self.queue.renew(sorted(self._owned)))
-                await self.queue.expire()  # also reaps other gateways' and replicas' lapsed leases
+                    self._fail_lost(await self._leases.renew(sorted(self._owned)))
+                await self._leases.expire()  # also reaps other gateways' and replicas' lapsed leases
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
