@@ -13,7 +13,10 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+import redis
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
 
 from fleet.blocking import blocking
 from fleet.config import QueueConfig
@@ -28,7 +31,9 @@ def _queue(redis_url: str, namespace: str) -> Any:
     # one client per URL: a fresh connection per poll would churn connections on a loaded machine;
     # a generous timeout, since a 2-core machine running vLLM can leave Redis slow to answer for a moment
     def build() -> GlobalQueue:
-        client = aioredis.Redis.from_url(redis_url, socket_timeout=30, socket_connect_timeout=5)
+        # a fault test restarts Redis: a stale pooled connection is retried on a fresh one, as in production
+        retry = Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), 3, supported_errors=(redis.ConnectionError,))
+        client = aioredis.Redis.from_url(redis_url, socket_timeout=30, socket_connect_timeout=5, retry=retry)
         return GlobalQueue(client, QueueKeys(namespace=namespace), queue_settings(QueueConfig()))
 
     return blocking(build)
