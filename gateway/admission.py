@@ -157,7 +157,7 @@ class QueueAdmission:
             self.metrics.rejections.labels(self.metrics.tenant(spec.tenant), spec.band, exc.reason).inc()
             raise
         granted = self._clock()
-        queue_s = granted - request.arrived
+        queue_s = granted - started  # in the global queue: enqueue to grant (parsing and counting not included)
         self.metrics.grants.labels(self.metrics.tenant(spec.tenant), grant.band, spec.length_class, grant.pool).inc()
         self.metrics.queue_wait.labels(spec.band).observe(queue_s)
         place = QueuePlace(self, session, spec, max_wait_s, grant, queue_s * 1000)

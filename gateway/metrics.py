@@ -35,7 +35,7 @@ class GatewayMetrics:
                               ["tenant", "requested", "band"], registry=r)
         self.tokens = Counter("fleetgate_served_tokens", "Prompt + output tokens served (what tenants are charged).",
                               ["tenant", "band"], registry=r)
-        self.queue_wait = Histogram("fleetgate_queue_wait_seconds", "Time from arrival to grant.",
+        self.queue_wait = Histogram("fleetgate_queue_wait_seconds", "Time in the global queue: enqueue to grant.",
                                     ["band"], buckets=LATENCY_BUCKETS, registry=r)
         self.ttft = Histogram("fleetgate_time_to_first_token_seconds",
                               "Arrival at the gateway to the first streamed token (queueing included).",

@@ -136,7 +136,8 @@ end
 
 -- the first tenant of `band` whose next ticket is of `class` and can be placed, in VTC order, if it comes
 -- before `bound` (the best candidate of another class)
-local function first_placeable(band, class, groups, bound)
+local first_placeable
+first_placeable = function(band, class, groups, bound)
   local index, start = k_tenant_index(band, class), 0
   while true do
     local page = redis.call("ZRANGE", index, start, start + 15, "WITHSCORES")
@@ -146,7 +147,13 @@ local function first_placeable(band, class, groups, bound)
       if bound and (score > bound.score or (score == bound.score and not bytes_less(tenant, bound.tenant))) then
         return nil
       end
-      local t = ticket_fields(fifo_head(band, tenant, next_flow(band, tenant)))
+      local flow = next_flow(band, tenant)
+      if not flow then  -- not active: an index entry left behind (never in a sound state); drop it
+        redis.call("ZREM", index, tenant)
+        redis.call("HDEL", k_head_class(band), tenant)
+        return first_placeable(band, class, groups, bound)
+      end
+      local t = ticket_fields(fifo_head(band, tenant, flow))
       local r = choose_replica(groups, t.cost, t.class)
       if r then return {t = t, r = r, score = score, tenant = tenant} end
     end

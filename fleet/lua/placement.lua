@@ -24,8 +24,17 @@ local function replica_groups()
     local g = {name = name, accepts = {}, prefers = {}, has_room = false}
     for class in string.gmatch(accepts, "[^,]+") do g.accepts[class] = true end
     for class in string.gmatch(prefers, "[^,]+") do g.prefers[class] = true end
-    local top = redis.call("ZRANGE", k_replica_index(name), 0, 0)[1]
-    if top then g.has_room = tonumber(redis.call("HGET", k_replica(top), "slots_free")) >= 1 end
+    local index = k_replica_index(name)
+    while true do
+      local top = redis.call("ZRANGE", index, 0, 0)[1]
+      if not top then break end
+      local free = redis.call("HGET", k_replica(top), "slots_free")
+      if free then
+        g.has_room = tonumber(free) >= 1
+        break
+      end
+      redis.call("ZREM", index, top)  -- a replica gone without leaving its index (never in a sound state)
+    end
     groups[#groups + 1] = g
   end
   return groups
@@ -47,6 +56,7 @@ local function best_in_group(g, cost, class)
     if not page[1] then return nil end
     for _, id in ipairs(page) do
       local f = redis.call("HMGET", k_replica(id), "slots_free", "tokens_free", "slots_total")
+      if not f[1] then return nil end  -- gone without leaving its index: replica_groups drops it next time
       local r = {id = id, slots_free = tonumber(f[1]), tokens_free = tonumber(f[2]), slots_total = tonumber(f[3]),
         accepts = g.accepts, prefers = g.prefers}
       if r.slots_free < 1 then return nil end  -- none further down has a slot

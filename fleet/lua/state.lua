@@ -31,6 +31,21 @@ local function reply(result)
   return cjson.encode(result)
 end
 
+-- the shape of the namespace's state: scripts of another shape must not run on it (its indexes would be
+-- wrong); a namespace left by an older release is refused with a clear error
+local STATE_VERSION = "2"
+local version = redis.call("HGET", KEYS[1], "version")
+if not version then
+  if redis.call("EXISTS", KEYS[5], KEYS[6]) > 0 then
+    return redis.error_reply("fleetgate: this queue namespace holds state from an older release; " ..
+      "use a new queue.namespace (or delete its keys) for this one")
+  end
+  redis.call("HSET", KEYS[1], "version", STATE_VERSION)
+elseif version ~= STATE_VERSION then
+  return redis.error_reply("fleetgate: this queue namespace holds state of version " .. version ..
+    "; this release uses version " .. STATE_VERSION)
+end
+
 local BANDS = {}
 local BAND_INDEX = {}
 for i, band in ipairs(CFG.bands) do

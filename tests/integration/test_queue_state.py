@@ -1,0 +1,49 @@
+"""The queue's state in Redis is versioned, and its indexes heal from entries left behind.
+
+* A namespace that holds state written by an older release's scripts (no version mark) is refused with a
+  clear error rather than dispatched on with indexes that do not describe it.
+* A replica or tenant index entry whose replica or tenant is gone (which no sound sequence of calls
+  leaves) is dropped when dispatch meets it, and dispatch goes on.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from fleet.keys import QueueKeys
+from fleet.queue import GlobalQueue, QueueSettings
+from policies.types import BandPolicy, ReplicaCapacity, TicketSpec
+
+pytestmark = pytest.mark.integration
+
+
+def _queue(redis_url: str) -> GlobalQueue:
+    keys = QueueKeys(namespace=f"s{uuid.uuid4().hex[:10]}")
+    return GlobalQueue(aioredis.Redis.from_url(redis_url), keys, QueueSettings((BandPolicy("only"),)))
+
+
+async def test_state_from_an_older_release_is_refused(redis_url: str) -> None:
+    queue = _queue(redis_url)
+    await queue.client.zadd(queue.keys.prefix + "replicas", {"old-replica": 10**13})  # an old release's
+    with pytest.raises(redis.ResponseError, match="older release"):
+        await queue.enqueue(TicketSpec("t1", "acme", "only", 10))
+
+
+async def test_index_entries_left_behind_are_dropped(redis_url: str) -> None:
+    queue = _queue(redis_url)
+    await queue.register_replica(ReplicaCapacity("real", 2, 1000, accepts=frozenset({"short"})), lease_ms=60_000)
+    prefix = queue.keys.families()
+    await queue.client.zadd(prefix["replica_index"] + "short|", {"ghost": -10**15})  # ranks first, has no hash
+    await queue.client.zadd(prefix["tenant_index"] + "only:short", {"ghost-tenant": -1.0})
+    granted = await queue.enqueue(TicketSpec("t1", "acme", "only", 10))
+    assert [g.replica_id for g in granted.grants] == ["real"]
+    await queue.register_replica(ReplicaCapacity("real", 1, 1000, accepts=frozenset({"short"})), lease_ms=60_000)
+    waiting = await queue.enqueue(TicketSpec("t2", "acme", "only", 10))  # the replica is full: t2 waits
+    assert waiting.admitted and waiting.grants == []
+    assert (await queue.complete("t1", 10)).grants[0].ticket_id == "t2"  # dispatch walks past the ghosts
+    assert await queue.client.zscore(prefix["replica_index"] + "short|", "ghost") is None
+    assert await queue.client.zscore(prefix["tenant_index"] + "only:short", "ghost-tenant") is None
