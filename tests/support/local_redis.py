@@ -51,17 +51,7 @@ class RedisProcess:
     def start(self) -> None:
         """Start the server and wait until it answers PING."""
         self._process = subprocess.Popen(self._command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        client = redis.Redis.from_url(self.url)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if self._process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.05)
-        client.close()
+        _wait_for_ping(self.url, self._process)
 
     def stop(self) -> None:
         """Stop the server (its data is gone: it keeps nothing on disk)."""
