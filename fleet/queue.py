@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -29,6 +30,8 @@ from policies.types import (
     RequeueResult,
     TicketSpec,
 )
+
+logger = logging.getLogger(__name__)
 
 LUA_DIR = Path(__file__).with_name("lua")
 # the library every script starts with: state, then one file per policy seam, then the dispatch loop
@@ -133,7 +136,13 @@ class GlobalQueue:
         """A call stopped at its bounds with work left (grants, reaping, aging): go on in the background,
         one sweep at a time, so no single script call holds Redis for long and nothing is left waiting."""
         if self._following is None or self._following.done():
-            self._following = asyncio.get_running_loop().create_task(self.expire())
+            self._following = asyncio.get_running_loop().create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        try:
+            await self.expire()
+        except Exception as exc:  # the next call or the periodic sweep picks the work up
+            logger.warning("follow-up dispatch failed: %s", type(exc).__name__)
 
     async def enqueue(self, spec: TicketSpec, now_ms: int | None = None,
                       limits: RateLimits | None = None) -> EnqueueResult:
