@@ -64,6 +64,11 @@ class QueueConfig(BaseModel):
     redis_pool_timeout_s: float = Field(
         10, gt=0, description="Longest a call waits for a free Redis connection before the request gets a 503.",
     )
+    redis_socket_timeout_s: float = Field(
+        30, gt=0, description="Longest one Redis command may take before its request gets a 503. Generous: under "
+        "a burst a loaded gateway's event loop can be slow to read a reply (redis-py's own default, 5 s, turned a "
+        "1,000-request burst into a few 503s here).",
+    )
     namespace: str = Field("default", description="Queue namespace: one per independent fleet or model.")
     bands: list[BandConfig] = Field(default_factory=_default_bands, description="Bands, highest first.")
     default_band: str = Field("standard", description="Band of a request that names none.")

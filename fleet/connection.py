@@ -38,11 +38,12 @@ def redis_client(config: QueueConfig, max_connections: int | None = None, url: s
     if config.redis_cluster:  # its per-node pools raise at their cap: GlobalQueue bounds the calls in flight
         return aioredis.RedisCluster.from_url(
             url or config.resolved_redis_url(), max_connections=2 * (max_connections or config.redis_max_connections),
-            socket_connect_timeout=2, retry=retry,
+            socket_connect_timeout=2, socket_timeout=config.redis_socket_timeout_s, retry=retry,
         )
     pool = aioredis.BlockingConnectionPool.from_url(
         url or config.resolved_redis_url(), max_connections=max_connections or config.redis_max_connections,
-        timeout=config.redis_pool_timeout_s, socket_connect_timeout=2, health_check_interval=10,
+        timeout=config.redis_pool_timeout_s, socket_connect_timeout=2, socket_timeout=config.redis_socket_timeout_s,
+        health_check_interval=10,
     )
     return aioredis.Redis(connection_pool=pool, retry=retry)
 
