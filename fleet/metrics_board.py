@@ -39,21 +39,22 @@ class MetricsBoard:
             pipe.sadd(self._keys.metrics_sources(), source)
             await pipe.execute()
 
-    async def live_sources(self) -> list[str]:
-        """The sources whose exposition has not expired."""
+    async def _published(self) -> list[tuple[str, bytes | None]]:
+        """(source, payload) of every source ever seen; None where it expired."""
         sources = sorted(s.decode() if isinstance(s, bytes) else s
                          for s in await self._client.smembers(self._keys.metrics_sources()))
-        alive = await self._client.mget([self._keys.metrics(s) for s in sources]) if sources else []
-        return [source for source, payload in zip(sources, alive) if payload is not None]
+        payloads = await self._client.mget([self._keys.metrics(s) for s in sources]) if sources else []
+        return list(zip(sources, payloads))
+
+    async def live_sources(self) -> list[str]:
+        """The sources whose exposition has not expired."""
+        return [source for source, payload in await self._published() if payload is not None]
 
     async def read(self) -> list[tuple[dict[str, str], str]]:
         """(labels, exposition) of every live source; forgets the expired ones."""
-        sources = sorted(s.decode() if isinstance(s, bytes) else s
-                         for s in await self._client.smembers(self._keys.metrics_sources()))
-        if not sources:
-            return []
-        payloads = await self._client.mget([self._keys.metrics(s) for s in sources])
-        gone = [s for s, p in zip(sources, payloads) if p is None]
+        published = await self._published()
+        payloads = [p for _, p in published]
+        gone = [s for s, p in published if p is None]
         if gone:
             await self._client.srem(self._keys.metrics_sources(), *gone)
         entries = [json.loads(p) for p in payloads if p is not None]

@@ -8,6 +8,7 @@ code (the status CLI, tests, tools) uses the same class through :func:`fleet.blo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from dataclasses import dataclass
@@ -122,11 +123,8 @@ class GlobalQueue:
     async def _call(self, name: str, payload: dict[str, Any], now_ms: int | None) -> dict[str, Any]:
         now = "" if now_ms is None else str(int(now_ms))
         args = [self._config_json, now, json.dumps(payload)]
-        if self._in_flight is None:
+        async with self._in_flight or contextlib.nullcontext():
             raw = await self._scripts[name](keys=self._declared, args=args)
-        else:
-            async with self._in_flight:
-                raw = await self._scripts[name](keys=self._declared, args=args)
         reply = json.loads(raw)
         if reply.get("more") and self._follow_up and now_ms is None:
             self._continue()

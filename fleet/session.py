@@ -53,8 +53,9 @@ class QueueTicketLost(Exception):
 
 @dataclass
 class AdmitTiming:
-    """When an admission's enqueue returned (monotonic), for the per-stage timing of its request."""
+    """When an admission's enqueue returned, on the caller's clock, for the per-stage timing of its request."""
 
+    clock: Callable[[], float] = time.monotonic
     enqueued_at: float | None = None
 
 
@@ -128,7 +129,7 @@ class QueueSession:
                 raise QueueRejected(result.status)
             self._owned.add(spec.ticket_id)
             if timing is not None:
-                timing.enqueued_at = time.monotonic()
+                timing.enqueued_at = timing.clock()
             return result.grants
 
         return await self._wait_for_grant(spec, timeout_s, enqueue)

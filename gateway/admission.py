@@ -150,7 +150,7 @@ class QueueAdmission:
         )
         max_wait_s = min(self.config.max_wait_s, request.asked.ttft_slo_s or self.config.max_wait_s)
         started = self._clock()
-        timing = AdmitTiming()
+        timing = AdmitTiming(self._clock)
         try:
             grant = await self.await_grant(session.admit(spec, max_wait_s, request.tenant.rate_limits, timing))
         except Rejected as exc:
@@ -160,10 +160,9 @@ class QueueAdmission:
         queue_s = granted - started  # in the global queue: enqueue to grant (parsing and counting not included)
         self.metrics.grants.labels(self.metrics.tenant(spec.tenant), grant.band, spec.length_class, grant.pool).inc()
         self.metrics.queue_wait.labels(spec.band).observe(queue_s)
-        place = QueuePlace(self, session, spec, max_wait_s, grant, queue_s * 1000)
         enqueued = timing.enqueued_at or granted
-        place.stages = {"enqueue": enqueued - started, "wait_grant": granted - enqueued}
-        return place
+        stages = {"enqueue": enqueued - started, "wait_grant": granted - enqueued}
+        return QueuePlace(self, session, spec, max_wait_s, grant, queue_s * 1000, stages)
 
     async def await_grant(self, waiting: Awaitable[Grant]) -> Grant:
         """Await a grant; admission failures become the client-facing 429 / 503 errors."""
@@ -177,12 +176,12 @@ class QueuePlace:
     """A granted ticket: its replica, and the way back (requeue, or release at the end)."""
 
     def __init__(self, admission: QueueAdmission, session: QueueSession, spec: TicketSpec, max_wait_s: float,
-                 grant: Grant, queue_ms: float) -> None:
+                 grant: Grant, queue_ms: float, stages: dict[str, float]) -> None:
         self._admission, self._session, self._spec = admission, session, spec
         self._max_wait_s = max_wait_s
         self._requeues = 0
         self.queue_ms = queue_ms
-        self.stages: dict[str, float] = {}
+        self.stages = stages
         self._take(grant)
 
     def _take(self, grant: Grant) -> None:
