@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
-
 from fleet.config import QueueConfig
 from fleet.connection import global_queue, redis_client
 from fleet.metrics_board import MetricsBoard, MetricsPublisher
@@ -26,7 +24,7 @@ class CapacityRegistration:
         self._capacity = capacity
         self._lease_ms = int(config.lease_s * 1000)
         self._task: asyncio.Task | None = None
-        self._metrics: Any = None
+        self._metrics: MetricsPublisher | None = None
 
     async def start(self) -> None:
         """Register now (failing loudly if Redis is unreachable), then renew in the background."""
