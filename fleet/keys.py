@@ -17,13 +17,14 @@ _NAMESPACE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 # The fixed keys, in the order every script receives them as KEYS[1..n] (lib.lua names them the same way).
 DECLARED = ("meta", "vtime", "queued", "queued_tokens", "leases", "replicas", "stats", "served",
-            "replica_groups", "classes")
+            "replica_groups", "classes", "signals")
 
 # Key families named by data: family -> the part after the prefix. lib.lua appends, e.g. for "queue",
-# band .. ":" .. tenant .. "|" .. flow (tenant ids never contain "|": the gateway validates them).
+# band .. ":" .. tenant .. "|" .. flow .. "|" .. class (tenant and flow ids never contain "|": the gateway
+# validates them).
 FAMILIES = {
     "ticket": "t:",          # ticket hash: t:<ticket id>
-    "queue": "q:",           # a flow's FIFO of waiting ticket ids: q:<band>:<tenant>|<flow>
+    "queue": "q:",           # a flow's line of waiting ticket ids of one class: q:<band>:<tenant>|<flow>|<class>
     "active": "active:",     # tenants with waiting work in a band, by VTC counter: active:<band>
     "flows": "fa:",          # a tenant's waiting flows, by flow counter: fa:<band>:<tenant>
     "flow_vtc": "fc:",       # a tenant's flow counters: fc:<band>:<tenant>
@@ -32,9 +33,9 @@ FAMILIES = {
     "vtc": "vtc:",           # tenants' virtual token counters: vtc:<band>
     "wait": "wait:",         # waiting tickets by the time they entered the band: wait:<band>
     "replica": "r:",         # a replica's capacity hash: r:<replica id>
-    "replica_index": "ri:",  # replicas of one placement group (accepts|prefers) by free capacity: ri:<group>
-    "tenant_index": "ti:",   # active tenants whose next ticket is of a class, by VTC counter: ti:<band>:<class>
-    "head_class": "thc:",    # each active tenant's next ticket's class: thc:<band>
+    "replica_index": "ri:",  # replicas of a placement group (accepts|prefers) open to a band: ri:<group>:<band>
+    "tenant_index": "ti:",   # tenants with waiting tickets of a class, by VTC counter: ti:<band>:<class>
+    "class_flows": "tcf:",   # a tenant's flows with waiting tickets of a class, by flow counter: tcf:<band>:<tenant>|<class>
     "rate": "rate:",         # a tenant's rate-limit buckets: rate:<tenant>
     "inbox": "inbox:",       # a gateway's grant inbox (a list it blocks on): inbox:<owner>
 }  # fmt: skip

@@ -25,6 +25,7 @@ from policies.types import (
     BandPolicy,
     CancelResult,
     CompleteResult,
+    EngineSignals,
     EnqueueResult,
     Grant,
     ReplicaCapacity,
@@ -39,8 +40,8 @@ LUA_DIR = Path(__file__).with_name("lua")
 LIBRARY = ("state", "rate_limits", "band_order", "fairness", "ordering", "gate", "placement", "dispatch")
 RENEW_BATCH = 1000  # lease renewals per call: about 2 ms of Redis time
 SCRIPT_NAMES = (
-    "enqueue", "register_replica", "deregister_replica", "complete", "cancel", "requeue", "renew", "expire",
-    "snapshot",
+    "enqueue", "register_replica", "deregister_replica", "report_signals", "complete", "cancel", "requeue",
+    "renew", "expire", "snapshot",
 )  # fmt: skip
 
 
@@ -52,24 +53,27 @@ def script_source(name: str) -> str:
 
 @dataclass(frozen=True)
 class QueueSettings:
-    """Static settings every script receives: the bands (highest first) and the lease lengths."""
+    """Static settings every script receives: the bands (highest first, with their gates), the lease
+    lengths, and how old a replica's engine signals may be before the gate stops trusting them."""
 
     bands: tuple[BandPolicy, ...]
     lease_ms: int = 15_000
     max_grants: int = 64  # per call; a call that stops there says so, and the client dispatches again
-    bulk_limit: int = 64  # per call: leases reaped, tickets aged per band (64 waiting tickets reaped: ~4 ms)
+    bulk_limit: int = 64  # per call: leases reaped, signals gone stale, tickets aged per band (64 reaped: ~4 ms)
     inbox_ttl_ms: int = 60_000
+    signal_stale_ms: int = 2_000
 
     def to_json(self, keys: QueueKeys) -> str:
         """The config JSON passed to every script call (with the key families' prefixes)."""
         return json.dumps({
             "bands": [
                 {"name": b.name, "aging_ms": b.aging_ms, "max_queued": b.max_queued,
-                 "max_queued_tokens": b.max_queued_tokens}
+                 "max_queued_tokens": b.max_queued_tokens, "max_unstarted": b.max_unstarted,
+                 "kv_ceiling": float(b.kv_ceiling)}
                 for b in self.bands
             ],
             "max_grants": self.max_grants, "bulk_limit": self.bulk_limit, "lease_ms": self.lease_ms,
-            "inbox_ttl_ms": self.inbox_ttl_ms,
+            "inbox_ttl_ms": self.inbox_ttl_ms, "signal_stale_ms": self.signal_stale_ms,
             "keys": keys.families(),
         })  # fmt: skip
 
@@ -157,6 +161,15 @@ class GlobalQueue:
         """Register or renew a replica's capacity lease."""
         return _grants((await self._call("register_replica", _replica_payload(capacity, lease_ms), now_ms))["grants"])
 
+    async def report_signals(self, replica_id: str, signals: EngineSignals, received: list[str],
+                             now_ms: int | None = None) -> list[Grant]:
+        """A replica's engine report: its ``signals``, and the granted tickets it ``received`` since its last
+        report (their in-flight credit ends); then dispatch."""
+        payload = {"replica_id": replica_id, "unstarted": signals.unstarted, "running": signals.running,
+                   "waiting": signals.waiting, "kv": float(signals.kv_usage), "received": signals.received,
+                   "acked": list(received)}
+        return _grants((await self._call("report_signals", payload, now_ms))["grants"])
+
     async def deregister_replica(self, replica_id: str, now_ms: int | None = None) -> list[Grant]:
         """Remove a replica at once (graceful shutdown)."""
         return _grants((await self._call("deregister_replica", {"replica_id": replica_id}, now_ms))["grants"])
@@ -179,7 +192,7 @@ class GlobalQueue:
     async def renew(self, ticket_ids: list[str], now_ms: int | None = None) -> list[str]:
         """Extend these tickets' leases (a bounded batch per call); returns the ids that no longer exist."""
         missing: list[str] = []
-        for start in range(0, len(ticket_ids), RENEW_BATCH):
+        for start in range(0, max(len(ticket_ids), 1), RENEW_BATCH):  # one call even for none: it reaps
             payload = {"ticket_ids": ticket_ids[start:start + RENEW_BATCH], "lease_ms": self.settings.lease_ms}
             found = (await self._call("renew", payload, now_ms))["missing"]
             missing += found if isinstance(found, list) else []

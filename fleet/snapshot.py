@@ -46,7 +46,8 @@ class BandState(BaseModel):
 
 
 class ReplicaState(BaseModel):
-    """One registered replica's capacity, what of it is free, and when its lease ends."""
+    """One registered replica's capacity, what of it is free, when its lease ends, and its engine's signals
+    with what the gate makes of them (``pending`` work, ``open_bands``)."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -59,6 +60,16 @@ class ReplicaState(BaseModel):
     pool: str = ""
     accepts: Annotated[list[str], BeforeValidator(_classes)] = Field(default_factory=list)
     prefers: Annotated[list[str], BeforeValidator(_classes)] = Field(default_factory=list)
+    fresh: bool = False
+    pending: int = 0
+    in_flight: int = 0
+    unstarted: int = 0
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    received: int = 0
+    signals_at_ms: int = 0
+    open_bands: Annotated[list[str], BeforeValidator(_as_list)] = Field(default_factory=list)
 
     @property
     def idle(self) -> bool:

@@ -1,14 +1,14 @@
 """Fairness between flows: token-weighted virtual token counters (VTC). Mirrored by ``fleet/lua/fairness.lua``.
 
-Each tenant has a counter per band. The active tenant (one with waiting work) with the smallest counter
-goes first, ties to the smallest id. A grant charges ``cost / weight`` at once; completion corrects it to
+Each tenant has a counter per band. Active tenants (those with waiting work) are tried smallest counter
+first, ties to the smallest id, and the first one with a ticket that can be placed goes. A grant charges ``cost / weight`` at once; completion corrects it to
 ``actual / weight``. A tenant that becomes active is lifted to the smallest active counter, or to the band's
 virtual time (the counter of the last tenant granted) when none is active, so idle time banks no credit.
 Hence the counters of active tenants stay within one weighted request cost of each other, and two
 continuously backlogged tenants' weighted service differs by at most 2x the largest weighted cost.
 
 Flows inside a tenant (the fairness id a client may send) get a second, unweighted level with the same
-rules, kept only while the tenant has waiting work in the band.
+rules (tried in counter order), kept only while the tenant has waiting work in the band.
 
 The functions take the counters as plain mappings: the state is the caller's (Redis, or the reference).
 """
@@ -27,11 +27,6 @@ def lifted(own: float, active: Iterable[float], idle_floor: float) -> float:
 def in_order(counters: Mapping[str, float], members: Iterable[str]) -> list[str]:
     """``members`` least served first (ties: smallest id)."""
     return sorted(members, key=lambda member: (counters[member], member))
-
-
-def least_served(counters: Mapping[str, float], members: Iterable[str]) -> str:
-    """The member that goes next."""
-    return min(members, key=lambda member: (counters[member], member))
 
 
 def grant_charge(cost: int, weight: float) -> float:

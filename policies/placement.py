@@ -2,34 +2,44 @@
 ``fleet/lua/placement.lua``.
 
 * **Filter** (:func:`fits`): the replica runs the ticket's length class and has the tokens for it (an
-  idle replica takes any ticket it accepts, so a request larger than any budget still runs, alone).
-* **Scorer** (:func:`rank`, lower is better): a replica whose pool *prefers* the class first (long prompts
-  go to the pool with the large chunked-prefill budget, where their prefill stalls no latency-sensitive
-  decode; short ones to the small budget), the others only when no preferring replica has room
-  (spill-over); then the most free slots, the most free tokens, the smallest id: spreading load keeps
-  batches small, which keeps inter-token latency low.
+  idle replica takes any ticket it accepts, so a request larger than any budget still runs, alone). A
+  class the replica's pool does not *prefer* (a pool that names no preference prefers all) is taken only while the replica has no pending work
+  (:func:`policies.gate.pending`): a long prompt may use a latency replica with nothing else to start,
+  where its prefill is chunked under that pool's small step budget, one such prompt at a time, so it
+  stalls the streams decoding beside it by at most one step; a short prompt may use an idle throughput
+  replica. Pool preference stays a preference, and no replica idles while a ticket it accepts waits.
+* **Scorer** (:func:`rank`, lower is better): a replica whose pool prefers the class first, then the
+  least pending work (so new work goes where it starts soonest), the most free slots, the smallest id.
 * **Picker** (:func:`choose_replica`): the best-ranked replica that passes the filter.
 
-The gate (:mod:`policies.gate`) decides beforehand which replicas are open at all.
+The gate (:mod:`policies.gate`) decides beforehand which replicas are open to the ticket's band.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from policies.gate import pending
 from policies.types import ReplicaCapacity
+
+
+def prefers(replica: ReplicaCapacity, length_class: str) -> bool:
+    """True when ``replica``'s pool is built for the class (a pool that prefers nothing is built for all)."""
+    return not replica.prefers or length_class in replica.prefers
 
 
 def fits(replica: ReplicaCapacity, cost: int, length_class: str) -> bool:
     """Filter: True when ``replica`` may run a ticket of this cost and class."""
     if length_class not in replica.accepts:
         return False
+    if not prefers(replica, length_class) and pending(replica) > 0:
+        return False
     return replica.tokens_free >= cost or replica.slots_free == replica.slots_total
 
 
 def rank(replica: ReplicaCapacity, length_class: str) -> tuple[bool, int, int, str]:
     """Scorer: the replica's rank for the class (lower is better)."""
-    return (length_class not in replica.prefers, -replica.slots_free, -replica.tokens_free, replica.replica_id)
+    return (not prefers(replica, length_class), pending(replica), -replica.slots_free, replica.replica_id)
 
 
 def choose_replica(candidates: Iterable[ReplicaCapacity], cost: int, length_class: str) -> ReplicaCapacity | None:

@@ -9,12 +9,16 @@ seams, each its own module mirrored by a Lua file of the same name:
 
 * :mod:`policies.band_order` -- strict bands, highest first, with aging as the starvation guard;
 * :mod:`policies.fairness` -- between tenants, then between a tenant's flows: token-weighted VTC;
-* :mod:`policies.ordering` -- FIFO inside a flow;
-* :mod:`policies.gate` -- which replicas may take a grant now;
+* :mod:`policies.ordering` -- FIFO inside a flow, one line per length class (a ticket that cannot be
+  placed holds back only its own class);
+* :mod:`policies.gate` -- which replicas may take a band's grant now (engine signals, in-flight credit);
 * :mod:`policies.placement` -- filter -> scorer -> picker among the open replicas.
 
 A grant reserves a slot and ``min(cost, free tokens)`` tokens on the replica, returned exactly once by
-completion, requeue or lease expiry. Flow counters live only while their tenant has waiting work in the
+completion, requeue or lease expiry, and counts as in flight on the replica until the replica acknowledges
+it (in a signal report) or the ticket ends. Replicas report their engines' signals (:meth:`report_signals`);
+a report older than ``signal_stale_ms`` goes stale at the start of a call, and the gate then falls back to
+the replica's concurrency cap. Flow counters live only while their tenant has waiting work in the
 band, so a tenant's next busy period starts its flows level.
 """
 
@@ -24,13 +28,14 @@ from dataclasses import dataclass, field
 
 from policies import fairness
 from policies.band_order import aging_cutoff, bands_in_order
-from policies.gate import open_replicas
+from policies.gate import is_stale, open_replicas
 from policies.ordering import Fifo
 from policies.placement import choose_replica
 from policies.types import (
     BandPolicy,
     CancelResult,
     CompleteResult,
+    EngineSignals,
     EnqueueResult,
     Grant,
     ReplicaCapacity,
@@ -49,6 +54,8 @@ class _Ticket:
     granted_pool: str = ""
     reserved_tokens: int = 0
     charged_band: str = ""
+    acked: bool = False  # the granted replica said it received the request
+    position: int = 0  # in its flow's order (policies.ordering)
 
 
 @dataclass
@@ -69,7 +76,8 @@ class _BandState:
 class ReferenceScheduler:
     """In-memory model of the Redis global queue; same inputs give the same decisions as the Lua."""
 
-    def __init__(self, bands: list[BandPolicy], max_grants_per_dispatch: int = 10**6, bulk_limit: int = 10**9) -> None:
+    def __init__(self, bands: list[BandPolicy], max_grants_per_dispatch: int = 10**6, bulk_limit: int = 10**9,
+                 signal_stale_ms: int = 2_000) -> None:
         if not bands:
             raise ValueError("at least one band is required")
         self.bands = list(bands)
@@ -79,9 +87,11 @@ class ReferenceScheduler:
         self.replicas: dict[str, ReplicaCapacity] = {}
         self.served: dict[str, int] = {}  # tokens charged per tenant at completion
         self.max_grants_per_dispatch = max_grants_per_dispatch
-        # per call at most this many leases reaped, and tickets aged per band (the Lua's bounds, to mirror it;
-        # unbounded by default, as one call that the Lua splits into several)
+        # per call at most this many leases reaped, signals gone stale and tickets aged per band (the Lua's
+        # bounds, to mirror it; unbounded by default, as one call that the Lua splits into several)
         self.bulk_limit = bulk_limit
+        self.signal_stale_ms = signal_stale_ms
+        self._positions = 0  # the flows' order: tail positions count up, head positions down
 
     # ----- calls (each: reap, apply, dispatch) -----
 
@@ -107,6 +117,20 @@ class ReferenceScheduler:
             known.slots_total, known.tokens_total = capacity.slots_total, capacity.tokens_total
             known.accepts, known.prefers, known.pool = capacity.accepts, capacity.prefers, capacity.pool
         known.expires_ms = now_ms + lease_ms
+        return self._dispatch(now_ms)
+
+    def report_signals(self, replica_id: str, signals: EngineSignals, received: list[str], now_ms: int) -> list[Grant]:
+        """A replica's engine report: its signals, and the granted tickets it received since its last report
+        (their in-flight credit ends). Then dispatch. An unknown replica's report changes nothing."""
+        self._reap(now_ms)
+        replica = self.replicas.get(replica_id)
+        if replica is not None:
+            for ticket_id in received:
+                ticket = self.tickets.get(ticket_id)
+                if ticket is not None and ticket.granted_to == replica_id and not ticket.acked:
+                    ticket.acked = True
+                    replica.in_flight -= 1
+            replica.signals, replica.signals_at_ms, replica.fresh = signals, now_ms, True
         return self._dispatch(now_ms)
 
     def deregister_replica(self, replica_id: str, now_ms: int) -> list[Grant]:
@@ -233,7 +257,9 @@ class ReferenceScheduler:
             active = [flows.counters[f] for f in flows.queues]
             flows.counters[flow] = fairness.lifted(flows.counters.get(flow, 0.0), active, 0.0)
             flows.queues[flow] = Fifo()
-        flows.queues[flow].add(ticket.spec.ticket_id, at_head)
+        self._positions += 1
+        ticket.position = -self._positions if at_head else self._positions
+        flows.queues[flow].add(ticket.spec.ticket_id, ticket.spec.length_class, ticket.position, at_head)
         ticket.band, ticket.entered_band_ms = band, now_ms
         state.queued += 1
         state.queued_tokens += ticket.spec.cost
@@ -241,7 +267,7 @@ class ReferenceScheduler:
     def _remove_waiting(self, ticket: _Ticket) -> None:
         state = self._state[ticket.band]
         flows = state.tenants[ticket.spec.tenant]
-        emptied = flows.queues[ticket.spec.flow].remove(ticket.spec.ticket_id)
+        emptied = flows.queues[ticket.spec.flow].remove(ticket.spec.ticket_id, ticket.spec.length_class)
         state.queued -= 1
         state.queued_tokens -= ticket.spec.cost
         if emptied:
@@ -254,7 +280,10 @@ class ReferenceScheduler:
         if replica is not None:
             replica.slots_free = min(replica.slots_total, replica.slots_free + 1)
             replica.tokens_free = min(replica.tokens_total, replica.tokens_free + ticket.reserved_tokens)
+            if not ticket.acked:  # it never arrived (or arrived unreported): its credit ends here
+                replica.in_flight -= 1
         ticket.reserved_tokens = 0
+        ticket.acked = False
 
     def _charge(self, band: str, tenant: str, amount: float) -> None:
         state = self._state[band]
@@ -269,6 +298,10 @@ class ReferenceScheduler:
         dead = sorted((cap.expires_ms, r) for r, cap in self.replicas.items() if cap.expires_ms <= now_ms)
         for _, replica_id in dead[: self.bulk_limit]:
             del self.replicas[replica_id]
+        stale = sorted((cap.signals_at_ms, r) for r, cap in self.replicas.items()
+                       if is_stale(cap, now_ms, self.signal_stale_ms))
+        for _, replica_id in stale[: self.bulk_limit]:
+            self.replicas[replica_id].fresh = False
         expired = sorted(
             (t for t in self.tickets.values() if t.lease_expires_ms <= now_ms),
             key=lambda t: (t.lease_expires_ms, t.spec.ticket_id),
@@ -307,18 +340,21 @@ class ReferenceScheduler:
         return grants
 
     def _grant_one(self) -> Grant | None:
-        candidates = open_replicas(self.replicas.values())
-        if not candidates:
-            return None
         for band in bands_in_order(self.bands):
             state = self._state[band.name]
+            if not state.tenants:
+                continue
+            candidates = open_replicas(self.replicas.values(), band)
+            if not candidates:
+                continue
             for tenant in fairness.in_order(state.counters, state.tenants):
                 flows = state.tenants[tenant]
-                flow = fairness.least_served(flows.counters, flows.queues)
-                ticket = self.tickets[flows.queues[flow].head()]
-                replica = choose_replica(candidates, ticket.spec.cost, ticket.spec.length_class)
-                if replica is not None:
-                    return self._grant(ticket, replica, state)
+                for flow in fairness.in_order(flows.counters, flows.queues):
+                    for ticket_id in flows.queues[flow].heads():
+                        ticket = self.tickets[ticket_id]
+                        replica = choose_replica(candidates, ticket.spec.cost, ticket.spec.length_class)
+                        if replica is not None:
+                            return self._grant(ticket, replica, state)
         return None
 
     def _grant(self, ticket: _Ticket, replica: ReplicaCapacity, state: _BandState) -> Grant:
@@ -330,6 +366,7 @@ class ReferenceScheduler:
         reserved = min(ticket.spec.cost, replica.tokens_free)
         replica.slots_free -= 1
         replica.tokens_free -= reserved
+        replica.in_flight += 1
         ticket.granted_to, ticket.reserved_tokens, ticket.charged_band = replica.replica_id, reserved, ticket.band
         ticket.granted_pool = replica.pool
         return Grant(ticket.spec.ticket_id, replica.replica_id, ticket.band, tenant, replica.pool)

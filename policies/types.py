@@ -12,12 +12,18 @@ class BandPolicy:
 
     ``aging_ms`` is the starvation guard: a ticket that has waited that long in this band is promoted to
     the band above (and may be promoted again from there). 0 disables aging for the band.
+
+    ``max_unstarted`` and ``kv_ceiling`` are the band's gate (:mod:`policies.gate`): a replica whose engine
+    reports current signals takes this band's tickets only while its unstarted work is below the one and its
+    KV-cache usage below the other. Lower bands get lower values, so the top band always finds headroom.
     """
 
     name: str
     aging_ms: int = 0
     max_queued: int = 10_000
     max_queued_tokens: int = 10_000_000
+    max_unstarted: int = 4
+    kv_ceiling: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -46,12 +52,34 @@ class Grant:
     pool: str = "default"
 
 
+@dataclass(frozen=True)
+class EngineSignals:
+    """What a replica last reported of its engine (written by that replica alone, every engine step at most
+    once per ~50 ms, and by heartbeat while idle)."""
+
+    unstarted: int = 0
+    """Requests the replica received that have not produced their first token: in transit inside the replica,
+    waiting in the engine, or still prefilling. What the gate counts."""
+    running: int = 0
+    """The engine's running requests (vLLM's ``num_requests_running``)."""
+    waiting: int = 0
+    """The engine's waiting requests (vLLM's ``num_requests_waiting``)."""
+    kv_usage: float = 0.0
+    """The engine's KV-cache usage, 0 to 1."""
+    received: int = 0
+    """Requests the replica has received since it started (monotonic)."""
+
+
 @dataclass
 class ReplicaCapacity:
     """A replica's registered capacity and what of it is free (mutable model state).
 
     ``accepts`` are the length classes it may run at all; ``prefers`` those its pool is built for
     (placement tries preferring replicas first and spills over to the others).
+
+    ``signals`` are its engine's last report and ``fresh`` whether that report is current; ``in_flight``
+    counts grants to it that it has not acknowledged yet (the credit that covers the time between a grant
+    and the report that includes it).
     """
 
     replica_id: str
@@ -63,6 +91,10 @@ class ReplicaCapacity:
     slots_free: int = -1
     tokens_free: int = -1
     expires_ms: int = 0
+    signals: EngineSignals = field(default_factory=EngineSignals)
+    signals_at_ms: int = 0
+    fresh: bool = False
+    in_flight: int = 0
 
     def __post_init__(self) -> None:
         if self.slots_free < 0:

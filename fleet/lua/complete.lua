@@ -7,7 +7,6 @@ if t and t.granted_to ~= "" then
   release(t)
   charge(t.charged_band, t.tenant, (PAYLOAD.actual_cost - t.cost) / t.weight)
   charge_flow(t.charged_band, t.tenant, t.flow, PAYLOAD.actual_cost - t.cost)
-  reindex_head(t.charged_band, t.tenant)  -- the flow correction may change which flow goes next
   delete_ticket(t)
   redis.call("HINCRBY", K_STATS, "completed", 1)
   redis.call("HINCRBY", K_STATS, "served_tokens", PAYLOAD.actual_cost)

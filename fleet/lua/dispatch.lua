@@ -1,47 +1,38 @@
 -- Dispatch, last of the library: waiting tickets, lease reaping, aging, and the grant loop that composes
 -- the seams (band order -> fairness -> ordering -> gate -> placement), as ReferenceScheduler._grant_one.
 --
--- The tenant index makes a grant cost O(log) in tenants and replicas: each active tenant sits in one
--- sorted set per band, the one of its next ticket's length class (the FIFO head of its least-served
--- flow), scored by its VTC counter. A class no open replica accepts is skipped whole, so tenants whose
--- next ticket cannot be placed cost nothing; otherwise the first placeable tenant of each class, in VTC
--- order, is a candidate, and the least of them is the reference's first placeable tenant.
-
--- keep the tenant in the index of its next ticket's class (or out of every index when it has none)
-local function reindex_head(band, tenant)
-  local heads = k_head_class(band)
-  local old = redis.call("HGET", heads, tenant) or nil
-  local class = nil
-  if redis.call("ZSCORE", k_active(band), tenant) then
-    class = redis.call("HGET", k_ticket(fifo_head(band, tenant, next_flow(band, tenant))), "class")
-  end
-  if old and old ~= class then redis.call("ZREM", k_tenant_index(band, old), tenant) end
-  if class then
-    redis.call("HSET", heads, tenant, class)
-    redis.call("ZADD", k_tenant_index(band, class), num(counter(band, tenant)), tenant)
-    redis.call("SADD", K_CLASSES, class)
-  elseif old then
-    redis.call("HDEL", heads, tenant)
-  end
-end
+-- The tenant index makes a grant cost O(log) in tenants and replicas: a tenant with waiting tickets of a
+-- length class sits in that class's sorted set of the band, scored by its VTC counter, and inside it its
+-- flows with tickets of the class by flow counter; each flow has one line per class (ordering.lua). A
+-- class no replica open to the band can take is skipped whole, so tickets that cannot be placed cost
+-- nothing. Otherwise each class offers its first placeable candidate in the reference's order (tenant by
+-- counter, flow by counter, place in the flow), and the first of those is the reference's choice.
 
 -- put a waiting ticket into its tenant's flow in `band`
 local function push(t, band, at_head)
   activate(band, t.tenant, t.flow)
-  fifo_add(band, t.tenant, t.flow, t.id, at_head)
-  redis.call("HSET", k_ticket(t.id), "band", band, "entered", NOW)
+  t.position = next_position(at_head)
+  if fifo_add(band, t.tenant, t.flow, t.class, t.id, at_head) then join_class(band, t.tenant, t.flow, t.class) end
+  redis.call("HSET", k_ticket(t.id), "band", band, "entered", NOW, "position", t.position)
   redis.call("ZADD", k_wait(band), NOW, t.id)
   count_waiting(t, band, 1)
   t.band = band
-  reindex_head(band, t.tenant)
+end
+
+-- whether the flow still has a waiting ticket of any class in `band`
+local function flow_waits(band, tenant, flow)
+  local lines = {}
+  for i, class in ipairs(known_classes()) do lines[i] = k_queue(band, tenant, flow, class) end
+  return redis.call("EXISTS", unpack(lines)) > 0
 end
 
 local function remove_waiting(t)
-  local emptied = fifo_remove(t.band, t.tenant, t.flow, t.id)
+  if fifo_remove(t.band, t.tenant, t.flow, t.class, t.id) then
+    leave_class(t.band, t.tenant, t.flow, t.class)
+    if not flow_waits(t.band, t.tenant, t.flow) then deactivate_flow(t.band, t.tenant, t.flow) end
+  end
   redis.call("ZREM", k_wait(t.band), t.id)
   count_waiting(t, t.band, -1)
-  if emptied then deactivate_flow(t.band, t.tenant, t.flow) end
-  reindex_head(t.band, t.tenant)
 end
 
 local function remove_replica(id)
@@ -49,13 +40,36 @@ local function remove_replica(id)
   if group then unindex_replica(id, group) end
   redis.call("DEL", k_replica(id))
   redis.call("ZREM", K_REPLICAS, id)
+  redis.call("ZREM", K_SIGNALS, id)
+end
+
+-- a grant's capacity goes back to its replica (if still registered); an unacknowledged grant's in-flight
+-- credit ends with it
+local function release(t)
+  local key = k_replica(t.granted_to)
+  if t.granted_to ~= "" and redis.call("EXISTS", key) == 1 then
+    local r = redis.call("HMGET", key, "slots_total", "slots_free", "tokens_total", "tokens_free")
+    redis.call("HSET", key, "slots_free", math.min(tonumber(r[1]), tonumber(r[2]) + 1),
+      "tokens_free", math.min(tonumber(r[3]), tonumber(r[4]) + t.reserved))
+    if not t.acked then redis.call("HINCRBY", key, "in_flight", -1) end
+    index_replica(t.granted_to)
+  end
+  redis.call("HSET", k_ticket(t.id), "reserved", 0, "acked", 0)
+  t.reserved, t.acked = 0, false
 end
 
 local function reap()
   local dead = redis.call("ZRANGEBYSCORE", K_REPLICAS, "-inf", NOW, "LIMIT", 0, CFG.bulk_limit)
   for _, id in ipairs(dead) do remove_replica(id) end
+  -- signals not renewed in time: the gate falls back to the replica's concurrency cap
+  local stale = redis.call("ZRANGEBYSCORE", K_SIGNALS, "-inf", NOW - CFG.signal_stale_ms, "LIMIT", 0, CFG.bulk_limit)
+  for _, id in ipairs(stale) do
+    redis.call("HSET", k_replica(id), "fresh", 0)
+    redis.call("ZREM", K_SIGNALS, id)
+    index_replica(id)
+  end
   local expired = redis.call("ZRANGEBYSCORE", K_LEASES, "-inf", NOW, "LIMIT", 0, CFG.bulk_limit)
-  if #dead == CFG.bulk_limit or #expired == CFG.bulk_limit then MORE = true end
+  if #dead == CFG.bulk_limit or #stale == CFG.bulk_limit or #expired == CFG.bulk_limit then MORE = true end
   for _, id in ipairs(expired) do
     local t = ticket_fields(id)
     if t then
@@ -90,14 +104,17 @@ local function promote_aged()
   end
 end
 
--- the grant's bookkeeping: the replica's capacity, the ticket, the stats, the owner's inbox
+-- the grant's bookkeeping: the replica's capacity and in-flight credit, the ticket, the stats, the owner's
+-- inbox
 local function place(t, r)
   local reserved = math.min(t.cost, r.tokens_free)
-  local placed = redis.call("HMGET", k_replica(r.id), "pool", "group")
-  set_free(r.id, placed[2], r.slots_free - 1, r.tokens_free - reserved)
-  local pool = placed[1] or "default"
+  local key = k_replica(r.id)
+  redis.call("HSET", key, "slots_free", r.slots_free - 1, "tokens_free", r.tokens_free - reserved)
+  redis.call("HINCRBY", key, "in_flight", 1)
+  index_replica(r.id)
+  local pool = redis.call("HGET", key, "pool") or "default"
   redis.call("HSET", k_ticket(t.id), "granted_to", r.id, "granted_pool", pool, "reserved", reserved,
-    "charged_band", t.band)
+    "charged_band", t.band, "acked", 0)
   redis.call("HINCRBY", K_STATS, "granted", 1)
   if t.owner ~= "" and t.id ~= INLINE_TICKET then  -- the caller of this step gets its own grant inline
     local message = cjson.encode({ticket_id = t.id, replica_id = r.id, band = t.band, tenant = t.tenant,
@@ -125,7 +142,7 @@ local function grant_at_once(t)
   for i = 1, BAND_INDEX[t.band] do
     if counts[BANDS[i].name] > 0 then return nil end
   end
-  local r = choose_replica(replica_groups(), t.cost, t.class)
+  local r = choose_replica(replica_groups(), t.band, t.cost, t.class)
   if not r then return nil end
   local before = math.max(counter(t.band, t.tenant), tonumber(redis.call("HGET", K_VTIME, t.band) or "0"))
   redis.call("HSET", K_VTIME, t.band, num(before))
@@ -134,30 +151,60 @@ local function grant_at_once(t)
   return place(t, r)
 end
 
--- the first tenant of `band` whose next ticket is of `class` and can be placed, in VTC order, if it comes
--- before `bound` (the best candidate of another class)
-local first_placeable
-first_placeable = function(band, class, groups, bound)
+-- candidates compare in the order the reference tries them: tenant (counter, id), flow (counter, id), place
+local function candidate_before(a, b)
+  if a.score ~= b.score then return a.score < b.score end
+  if a.tenant ~= b.tenant then return bytes_less(a.tenant, b.tenant) end
+  if a.flow_score ~= b.flow_score then return a.flow_score < b.flow_score end
+  if a.flow ~= b.flow then return bytes_less(a.flow, b.flow) end
+  return a.t.position < b.t.position
+end
+
+-- the tenant's first placeable ticket of `class` (its flows in order); done: nothing of this tenant or
+-- after it comes before `bound`
+local function tenant_candidate(band, class, groups, bound, tenant, score)
+  local flows, start = k_class_flows(band, tenant, class), 0
+  while true do
+    local page = redis.call("ZRANGE", flows, start, start + 15, "WITHSCORES")
+    if not page[1] then return nil, false end
+    for i = 1, #page, 2 do
+      local head = fifo_head(band, tenant, page[i], class)
+      if head then
+        local c = {t = ticket_fields(head), score = score, tenant = tenant, flow = page[i],
+          flow_score = tonumber(page[i + 1])}
+        if bound and not candidate_before(c, bound) then return nil, true end
+        c.r = choose_replica(groups, band, c.t.cost, class)
+        if c.r then return c, false end
+      end
+    end
+    start = start + 16
+  end
+end
+
+-- the first candidate of `class` in `band` that can be placed, if it comes before `bound` (the best
+-- candidate of another class)
+local function first_placeable(band, class, groups, bound)
   local index, start = k_tenant_index(band, class), 0
   while true do
     local page = redis.call("ZRANGE", index, start, start + 15, "WITHSCORES")
     if not page[1] then return nil end
+    local next_start = start + 16
     for i = 1, #page, 2 do
       local tenant, score = page[i], tonumber(page[i + 1])
-      if bound and (score > bound.score or (score == bound.score and not bytes_less(tenant, bound.tenant))) then
+      if bound and (score > bound.score or (score == bound.score and bytes_less(bound.tenant, tenant))) then
         return nil
       end
-      local flow = next_flow(band, tenant)
-      if not flow then  -- not active: an index entry left behind (never in a sound state); drop it
+      if redis.call("EXISTS", k_class_flows(band, tenant, class)) == 0 then
+        -- an index entry left behind (never in a sound state): drop it
         redis.call("ZREM", index, tenant)
-        redis.call("HDEL", k_head_class(band), tenant)
-        return first_placeable(band, class, groups, bound)
+        next_start = next_start - 1
+      else
+        local c, done = tenant_candidate(band, class, groups, bound, tenant, score)
+        if c then return c end
+        if done then return nil end
       end
-      local t = ticket_fields(fifo_head(band, tenant, flow))
-      local r = choose_replica(groups, t.cost, t.class)
-      if r then return {t = t, r = r, score = score, tenant = tenant} end
     end
-    start = start + 16
+    start = next_start
   end
 end
 
@@ -168,14 +215,12 @@ local function grant_one()
   end
   if not bands[1] then return nil end  -- nothing waits: no replica is read
   local groups = replica_groups()
-  local classes = {}
-  for _, class in ipairs(redis.call("SMEMBERS", K_CLASSES)) do
-    if class_has_room(groups, class) then classes[#classes + 1] = class end
-  end
   for _, band in ipairs(bands) do
     local best = nil
-    for _, class in ipairs(classes) do
-      best = first_placeable(band.name, class, groups, best) or best
+    for _, class in ipairs(known_classes()) do
+      if class_has_room(groups, band.name, class) then
+        best = first_placeable(band.name, class, groups, best) or best
+      end
     end
     if best then return grant(best.t, best.r) end
   end

@@ -1,21 +1,24 @@
 -- Fairness between flows (policies/fairness.py): token-weighted virtual token counters (VTC). Each tenant
--- has a counter per band; the active tenant with the least goes first (ties: smallest id, as the sorted
--- set orders members). A grant charges cost / weight, completion corrects it to actual / weight. A
+-- has a counter per band; active tenants are tried least first (ties: smallest id, as the sorted set
+-- orders members), and the first with a ticket that can be placed goes. A grant charges cost / weight, completion corrects it to actual / weight. A
 -- tenant that becomes active is lifted to the smallest active counter (or the band's virtual time), so
 -- idle time banks no credit. Flows inside a tenant get a second, unweighted level, kept only while the
 -- tenant has waiting work in the band. policies.fairness.in_order is the order of the tenant index
--- (dispatch.lua): active tenants by counter, one sorted set per class of their next ticket.
+-- (dispatch.lua): tenants with waiting tickets of a class, by counter, one sorted set per class; inside a
+-- tenant, its flows with tickets of the class, by flow counter.
 
 local function counter(band, tenant)
   return tonumber(redis.call("HGET", k_vtc(band), tenant) or "0")
 end
 
+-- the indexes that order by the counter follow it (the class indexes only where the member is: XX)
 local function set_counter(band, tenant, value)
   redis.call("HSET", k_vtc(band), tenant, num(value))
   if redis.call("ZSCORE", k_active(band), tenant) then
     redis.call("ZADD", k_active(band), num(value), tenant)
-    local class = redis.call("HGET", k_head_class(band), tenant)
-    if class then redis.call("ZADD", k_tenant_index(band, class), num(value), tenant) end
+    for _, class in ipairs(known_classes()) do
+      redis.call("ZADD", k_tenant_index(band, class), "XX", num(value), tenant)
+    end
   end
 end
 
@@ -30,6 +33,9 @@ local function charge_flow(band, tenant, flow, amount)
   redis.call("HSET", k_flow_vtc(band, tenant), flow, num(value))
   if redis.call("ZSCORE", flows, flow) then
     redis.call("ZADD", flows, num(value), flow)
+    for _, class in ipairs(known_classes()) do
+      redis.call("ZADD", k_class_flows(band, tenant, class), "XX", num(value), flow)
+    end
   end
 end
 
@@ -59,7 +65,20 @@ local function deactivate_flow(band, tenant, flow)
   end
 end
 
-local function next_flow(band, tenant) return redis.call("ZRANGE", k_flows(band, tenant), 0, 0)[1] end
+-- the flow has its first waiting ticket of the class: it joins the tenant's flows of that class, and the
+-- tenant the class's tenant index (both by counter); leave_class undoes it when the last one goes
+local function join_class(band, tenant, flow, class)
+  local flow_counter = redis.call("HGET", k_flow_vtc(band, tenant), flow) or "0"
+  redis.call("ZADD", k_class_flows(band, tenant, class), flow_counter, flow)
+  redis.call("ZADD", k_tenant_index(band, class), num(counter(band, tenant)), tenant)
+  add_class(class)
+end
+
+local function leave_class(band, tenant, flow, class)
+  local flows = k_class_flows(band, tenant, class)
+  redis.call("ZREM", flows, flow)
+  if redis.call("ZCARD", flows) == 0 then redis.call("ZREM", k_tenant_index(band, class), tenant) end
+end
 
 -- a grant: the flow pays its cost (while it still waits), the tenant cost / weight, the band's virtual
 -- time moves to the tenant's counter before the charge

@@ -1,78 +1,131 @@
 -- Placement (policies/placement.py) among the replicas the gate leaves open: filter -> scorer -> picker.
--- Replicas are indexed by placement group (state.lua), so the picker reads each group's best first
--- instead of every replica.
+--
+-- The open index: each placement group (its accepted and preferred classes, "long,short|long") has one
+-- sorted set per band holding the group's replicas that the gate leaves open to that band, scored as the
+-- scorer orders them: least pending work, then most free slots (equal scores order by id). Every change
+-- to a replica's state re-indexes it (index_replica), so the picker reads each group's best first instead
+-- of every replica, and a group whose best has pending work is skipped whole for classes it does not
+-- prefer. The replica hash keeps the values themselves.
 
--- filter: the replica runs the class, and has the tokens (an idle replica takes any ticket it accepts)
-local function placement_fits(r, cost, class)
-  return r.accepts[class] == true and (r.tokens_free >= cost or r.slots_free == r.slots_total)
+local PENDING_UNIT = 1048576  -- 2^20 > slots (< 2^19): scores order by pending work, then by free slots
+local function open_score(pending, slots_free) return pending * PENDING_UNIT - slots_free end
+
+local function replica_state(id)
+  local f = redis.call("HMGET", k_replica(id), "slots_total", "slots_free", "tokens_total", "tokens_free",
+    "group", "in_flight", "unstarted", "kv", "fresh")
+  if not f[1] then return nil end
+  return {id = id, slots_total = tonumber(f[1]), slots_free = tonumber(f[2]), tokens_total = tonumber(f[3]),
+    tokens_free = tonumber(f[4]), group = f[5], in_flight = tonumber(f[6] or "0"),
+    unstarted = tonumber(f[7] or "0"), kv = tonumber(f[8] or "0"), fresh = f[9] == "1"}
 end
 
--- scorer, as an order: a replica preferring the class, most free slots, most free tokens, smallest id
-local function placement_better(a, b, class)
-  local pa, pb = a.prefers[class] == true, b.prefers[class] == true
-  if pa ~= pb then return pa end
+-- the replica is in the index of every band the gate leaves it open to, and in no other
+local function index_replica(id)
+  local r = replica_state(id)
+  local score = open_score(replica_pending(r), r.slots_free)
+  for _, band in ipairs(BANDS) do
+    if gate_open(r, band) then
+      redis.call("ZADD", k_replica_index(r.group, band.name), score, id)
+    else
+      redis.call("ZREM", k_replica_index(r.group, band.name), id)
+    end
+  end
+end
+
+local function unindex_replica(id, group)
+  for _, band in ipairs(BANDS) do redis.call("ZREM", k_replica_index(group, band.name), id) end
+  if redis.call("HINCRBY", K_GROUPS, group, -1) <= 0 then redis.call("HDEL", K_GROUPS, group) end
+end
+
+-- a pool that names no preference prefers every class it accepts
+local function group_prefers(g, class) return g.any_preference == false or g.prefers[class] == true end
+
+-- filter: the replica runs the class; a class its pool does not prefer only while nothing is pending
+-- there; and it has the tokens (an idle replica takes any ticket it accepts)
+local function placement_fits(r, cost, class)
+  if not r.accepts[class] then return false end
+  if not r.preferred and r.pending > 0 then return false end
+  return r.tokens_free >= cost or r.slots_free == r.slots_total
+end
+
+-- scorer, as an order: a replica preferring the class, least pending work, most free slots, smallest id
+local function placement_better(a, b)
+  if a.preferred ~= b.preferred then return a.preferred end
+  if a.pending ~= b.pending then return a.pending < b.pending end
   if a.slots_free ~= b.slots_free then return a.slots_free > b.slots_free end
-  if a.tokens_free ~= b.tokens_free then return a.tokens_free > b.tokens_free end
   return bytes_less(a.id, b.id)
 end
 
--- the placement groups, each with whether its best replica has a free slot
+-- the placement groups (each group's best score per band is read when first needed)
 local function replica_groups()
   local groups = {}
-  for _, name in ipairs(redis.call("SMEMBERS", K_GROUPS)) do
+  for _, name in ipairs(redis.call("HKEYS", K_GROUPS)) do
     local accepts, prefers = string.match(name, "^([^|]*)|(.*)$")
-    local g = {name = name, accepts = {}, prefers = {}, has_room = false}
+    local g = {name = name, accepts = {}, prefers = {}, any_preference = false, top = {}}
     for class in string.gmatch(accepts, "[^,]+") do g.accepts[class] = true end
-    for class in string.gmatch(prefers, "[^,]+") do g.prefers[class] = true end
-    local index = k_replica_index(name)
-    while true do
-      local top = redis.call("ZRANGE", index, 0, 0)[1]
-      if not top then break end
-      local free = redis.call("HGET", k_replica(top), "slots_free")
-      if free then
-        g.has_room = tonumber(free) >= 1
-        break
-      end
-      redis.call("ZREM", index, top)  -- a replica gone without leaving its index (never in a sound state)
+    for class in string.gmatch(prefers, "[^,]+") do
+      g.prefers[class] = true
+      g.any_preference = true
     end
     groups[#groups + 1] = g
   end
   return groups
 end
 
-local function class_has_room(groups, class)
+-- whether the group may have a replica for the class in the band: one is open to the band and, for a
+-- class its pool does not prefer, has nothing pending (score <= 0)
+local function group_may_take(g, band, class)
+  if not g.accepts[class] then return false end
+  local top = g.top[band]
+  if top == nil then
+    local first = redis.call("ZRANGE", k_replica_index(g.name, band), 0, 0, "WITHSCORES")
+    top = first[1] and tonumber(first[2]) or false
+    g.top[band] = top
+  end
+  return top ~= false and (group_prefers(g, class) or top <= 0)
+end
+
+local function class_has_room(groups, band, class)
   for _, g in ipairs(groups) do
-    if g.has_room and g.accepts[class] then return true end
+    if group_may_take(g, band, class) then return true end
   end
   return false
 end
 
--- one group's best replica for the ticket: its replicas come best-scored first, so the first one the
--- gate leaves open and the filter passes
-local function best_in_group(g, cost, class)
-  local index, start = k_replica_index(g.name), 0
+-- one group's best replica for the ticket: its open replicas come best-scored first, so the first one the
+-- filter passes (for a class the pool does not prefer, only those with nothing pending are looked at)
+local function best_in_group(g, band, cost, class)
+  local preferred = group_prefers(g, class)
+  local index, start = k_replica_index(g.name, band), 0
   while true do
-    local page = redis.call("ZRANGE", index, start, start + 7)
+    local page = redis.call("ZRANGE", index, start, start + 7, "WITHSCORES")
     if not page[1] then return nil end
-    for _, id in ipairs(page) do
+    local next_start = start + 8
+    for i = 1, #page, 2 do
+      local id, score = page[i], tonumber(page[i + 1])
+      if not preferred and score > 0 then return nil end
       local f = redis.call("HMGET", k_replica(id), "slots_free", "tokens_free", "slots_total")
-      if not f[1] then return nil end  -- gone without leaving its index: replica_groups drops it next time
-      local r = {id = id, slots_free = tonumber(f[1]), tokens_free = tonumber(f[2]), slots_total = tonumber(f[3]),
-        accepts = g.accepts, prefers = g.prefers}
-      if r.slots_free < 1 then return nil end  -- none further down has a slot
-      if gate_open(r) and placement_fits(r, cost, class) then return r end
+      if f[1] then
+        local slots_free = tonumber(f[1])
+        local r = {id = id, slots_free = slots_free, tokens_free = tonumber(f[2]), slots_total = tonumber(f[3]),
+          pending = (score + slots_free) / PENDING_UNIT, accepts = g.accepts, preferred = preferred}
+        if placement_fits(r, cost, class) then return r end
+      else  -- gone without leaving the index (never in a sound state): drop it
+        redis.call("ZREM", index, id)
+        next_start = next_start - 1
+      end
     end
-    start = start + 8
+    start = next_start
   end
 end
 
--- picker: the best-scored replica over every group, or nil
-local function choose_replica(groups, cost, class)
+-- picker: the best-scored replica open to the band over every group, or nil
+local function choose_replica(groups, band, cost, class)
   local best = nil
   for _, g in ipairs(groups) do
-    if g.has_room and g.accepts[class] then
-      local r = best_in_group(g, cost, class)
-      if r and (best == nil or placement_better(r, best, class)) then best = r end
+    if group_may_take(g, band, class) then
+      local r = best_in_group(g, band, cost, class)
+      if r and (best == nil or placement_better(r, best)) then best = r end
     end
   end
   return best

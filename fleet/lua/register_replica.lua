@@ -1,4 +1,5 @@
 -- Register a replica's capacity, or renew its lease (a changed total shifts what is free), then dispatch.
+-- A new replica's signals start stale (the gate's concurrency cap) until its first report.
 -- PAYLOAD: {replica_id, slots_total, tokens_total, accepts: [class...], prefers: [class...], pool, lease_ms}
 reap()
 local p = PAYLOAD
@@ -10,15 +11,22 @@ local accepts = table.concat(p.accepts, ",")
 local prefers = table.concat(p.prefers or {}, ",")
 local group = accepts .. "|" .. prefers
 local slots_free, tokens_free = p.slots_total, p.tokens_total
+local joins_group = true
 if redis.call("EXISTS", key) == 1 then
   local r = redis.call("HMGET", key, "slots_total", "slots_free", "tokens_total", "tokens_free", "group")
   slots_free = tonumber(r[2]) + p.slots_total - tonumber(r[1])
   tokens_free = tonumber(r[4]) + p.tokens_total - tonumber(r[3])
-  if r[5] and r[5] ~= group then unindex_replica(p.replica_id, r[5]) end
+  if r[5] == group then
+    joins_group = false
+  else
+    unindex_replica(p.replica_id, r[5])
+  end
+else
+  redis.call("HSET", key, "in_flight", 0, "fresh", 0)
 end
+if joins_group then redis.call("HINCRBY", K_GROUPS, group, 1) end
 redis.call("HSET", key, "slots_total", p.slots_total, "tokens_total", p.tokens_total, "accepts", accepts,
-  "prefers", prefers, "pool", p.pool, "group", group)
-redis.call("SADD", K_GROUPS, group)
-set_free(p.replica_id, group, slots_free, tokens_free)
+  "prefers", prefers, "pool", p.pool, "group", group, "slots_free", slots_free, "tokens_free", tokens_free)
+index_replica(p.replica_id)
 redis.call("ZADD", K_REPLICAS, NOW + p.lease_ms, p.replica_id)
 return reply({grants = dispatch()})

@@ -18,11 +18,20 @@ end
 local replicas = {}
 local ids = redis.call("ZRANGE", K_REPLICAS, 0, -1, "WITHSCORES")
 for i = 1, #ids, 2 do
-  local r = redis.call("HMGET", k_replica(ids[i]), "slots_total", "slots_free", "tokens_total", "tokens_free",
-    "accepts", "pool", "prefers")
+  local r = redis.call("HMGET", k_replica(ids[i]), "accepts", "pool", "prefers", "running", "waiting",
+    "received", "sig_at")
+  local state = replica_state(ids[i])
+  local open = {}
+  for _, band in ipairs(BANDS) do
+    if gate_open(state, band) then open[#open + 1] = band.name end
+  end
   replicas[#replicas + 1] = {replica_id = ids[i], expires_ms = tonumber(ids[i + 1]),
-    slots_total = tonumber(r[1]), slots_free = tonumber(r[2]), tokens_total = tonumber(r[3]),
-    tokens_free = tonumber(r[4]), accepts = r[5], pool = r[6], prefers = r[7]}
+    slots_total = state.slots_total, slots_free = state.slots_free, tokens_total = state.tokens_total,
+    tokens_free = state.tokens_free, accepts = r[1], pool = r[2], prefers = r[3],
+    fresh = state.fresh, pending = replica_pending(state), in_flight = state.in_flight,
+    unstarted = state.unstarted, running = tonumber(r[4] or "0"), waiting = tonumber(r[5] or "0"),
+    kv_usage = state.kv, received = tonumber(r[6] or "0"), signals_at_ms = tonumber(r[7] or "0"),
+    open_bands = open}
 end
 local served = {}
 local served_flat = redis.call("HGETALL", K_SERVED)

@@ -6,8 +6,9 @@
 --
 -- Calling convention of every script:
 --   KEYS     the namespace's fixed keys, in fleet/keys.py DECLARED order (all share one {hash tag})
---   ARGV[1]  JSON config: {"bands": [{"name", "aging_ms", "max_queued", "max_queued_tokens"}],
---            "max_grants": n, "lease_ms": n, "inbox_ttl_ms": n, "keys": {family: prefix}}
+--   ARGV[1]  JSON config: {"bands": [{"name", "aging_ms", "max_queued", "max_queued_tokens", "max_unstarted",
+--            "kv_ceiling"}], "max_grants": n, "bulk_limit": n, "lease_ms": n, "inbox_ttl_ms": n,
+--            "signal_stale_ms": n, "keys": {family: prefix}}
 --   ARGV[2]  now in ms, or "" to use the Redis server's clock (production: one clock for all gateways)
 --   ARGV[3]  the script's own JSON payload
 -- Counters are doubles formatted with %.17g so they round-trip exactly (Python floats agree bit for bit).
@@ -33,7 +34,7 @@ end
 
 -- the shape of the namespace's state: scripts of another shape must not run on it (its indexes would be
 -- wrong); a namespace left by an older release is refused with a clear error
-local STATE_VERSION = "2"
+local STATE_VERSION = "3"
 local version = redis.call("HGET", KEYS[1], "version")
 if not version then
   if redis.call("EXISTS", KEYS[5], KEYS[6]) > 0 then
@@ -58,10 +59,11 @@ local function num(x) return string.format("%.17g", x) end
 -- fixed keys (declared), then the data-named families (prefixes from fleet/keys.py)
 local K_VTIME, K_QN, K_QT, K_LEASES = KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local K_REPLICAS, K_STATS, K_SERVED = KEYS[6], KEYS[7], KEYS[8]  -- served: tokens charged per tenant
-local K_GROUPS, K_CLASSES = KEYS[9], KEYS[10]  -- placement groups with replicas; length classes seen
+local K_GROUPS, K_CLASSES = KEYS[9], KEYS[10]  -- placement groups -> their replica count; length classes seen
+local K_SIGNALS = KEYS[11]  -- replicas whose engine signals are current, by when they last reported
 local F = CFG.keys
 local function k_ticket(id) return F.ticket .. id end
-local function k_queue(band, tenant, flow) return F.queue .. band .. ":" .. tenant .. "|" .. flow end
+local function k_queue(band, tenant, flow, class) return F.queue .. band .. ":" .. tenant .. "|" .. flow .. "|" .. class end
 local function k_active(band) return F.active .. band end
 local function k_flows(band, tenant) return F.flows .. band .. ":" .. tenant end
 local function k_flow_vtc(band, tenant) return F.flow_vtc .. band .. ":" .. tenant end
@@ -71,9 +73,9 @@ local function k_vtc(band) return F.vtc .. band end
 local function k_wait(band) return F.wait .. band end
 local function k_replica(id) return F.replica .. id end
 local function k_inbox(owner) return F.inbox .. owner end
-local function k_replica_index(group) return F.replica_index .. group end
+local function k_replica_index(group, band) return F.replica_index .. group .. ":" .. band end
 local function k_tenant_index(band, class) return F.tenant_index .. band .. ":" .. class end
-local function k_head_class(band) return F.head_class .. band end
+local function k_class_flows(band, tenant, class) return F.class_flows .. band .. ":" .. tenant .. "|" .. class end
 
 -- ids compare byte by byte, as Python compares them and sorted sets order members: Lua's `<` on strings
 -- uses the server's locale (strcoll)
@@ -86,33 +88,28 @@ local function bytes_less(a, b)
   return #a < #b
 end
 
--- A replica's placement group is its accepted and preferred classes ("long,short|long"). Each group's
--- replicas sit in one sorted set by free capacity, most free slots first, then most free tokens, then id
--- (equal scores order by member). The score packs both exactly into one double (|tokens| < 2^32, slots
--- < 2^19, so slots dominate even when a shrunk registration left tokens_free negative); the hash keeps
--- the values themselves.
-local SLOT_UNIT = 17179869184  -- 2^34
+-- registered capacity must fit the open index's scores (placement.lua) exactly
 local TOKENS_LIMIT = 4294967296  -- 2^32
-local function capacity_score(slots_free, tokens_free) return -(slots_free * SLOT_UNIT + tokens_free) end
-
-local function set_free(id, group, slots_free, tokens_free)
-  redis.call("HSET", k_replica(id), "slots_free", slots_free, "tokens_free", tokens_free)
-  redis.call("ZADD", k_replica_index(group), capacity_score(slots_free, tokens_free), id)
-end
-
-local function unindex_replica(id, group)
-  local index = k_replica_index(group)
-  redis.call("ZREM", index, id)
-  if redis.call("ZCARD", index) == 0 then redis.call("SREM", K_GROUPS, group) end
-end
 
 local function ticket_fields(id)
   local f = redis.call("HMGET", k_ticket(id), "tenant", "band", "cost", "weight", "class", "owner",
-    "granted_to", "reserved", "charged_band", "flow", "rpm", "tpm")
+    "granted_to", "reserved", "charged_band", "flow", "rpm", "tpm", "acked", "position")
   if not f[1] then return nil end
   return {id = id, tenant = f[1], band = f[2], cost = tonumber(f[3]), weight = tonumber(f[4]), class = f[5],
     owner = f[6], granted_to = f[7] or "", reserved = tonumber(f[8] or "0"), charged_band = f[9] or "",
-    flow = f[10] or "", rpm = tonumber(f[11] or ""), tpm = tonumber(f[12] or "")}
+    flow = f[10] or "", rpm = tonumber(f[11] or ""), tpm = tonumber(f[12] or ""), acked = f[13] == "1",
+    position = tonumber(f[14] or "0")}
+end
+
+-- the length classes tickets have had (read once per call, kept current by add_class)
+local CLASSES = nil
+local function known_classes()
+  if CLASSES == nil then CLASSES = redis.call("SMEMBERS", K_CLASSES) end
+  return CLASSES
+end
+
+local function add_class(class)
+  if redis.call("SADD", K_CLASSES, class) == 1 then CLASSES = nil end
 end
 
 -- tickets waiting per band (read once per call, kept current by count_waiting)
@@ -143,18 +140,6 @@ local function count_waiting(t, band, sign)
   else
     redis.call("HINCRBY", k_tenant_tokens(band), t.tenant, -t.cost)
   end
-end
-
-local function release(t)
-  local key = k_replica(t.granted_to)
-  if t.granted_to ~= "" and redis.call("EXISTS", key) == 1 then
-    local r = redis.call("HMGET", key, "slots_total", "slots_free", "tokens_total", "tokens_free", "group")
-    local slots = math.min(tonumber(r[1]), tonumber(r[2]) + 1)
-    local tokens = math.min(tonumber(r[3]), tonumber(r[4]) + t.reserved)
-    set_free(t.granted_to, r[5], slots, tokens)
-  end
-  redis.call("HSET", k_ticket(t.id), "reserved", 0)
-  t.reserved = 0
 end
 
 local function delete_ticket(t)

@@ -1,9 +1,10 @@
 """The Lua dispatch and the pure-Python reference make the same decisions on the same random workloads.
 
-Each workload interleaves every call (enqueue, replica registration and expiry, completion with actual
-costs, cancellation, requeue, lease renewal, time passing past leases and aging limits; tickets in several
-flows per tenant; replicas that prefer some length classes) and compares every result, then the full state
-(tenant and flow counters bit for bit, queue depths per band and tenant, replica capacity).
+Each workload interleaves every call (enqueue, replica registration and expiry, engine signal reports that
+acknowledge some grants, completion with actual costs, cancellation, requeue, lease renewal, time passing
+past leases, signal staleness and aging limits; tickets in several flows per tenant; replicas that prefer
+some length classes) and compares every result, then the full state (tenant and flow counters bit for bit,
+queue depths per band and tenant, replica capacity, in-flight credit and signal freshness).
 """
 
 from __future__ import annotations
@@ -20,16 +21,17 @@ from fleet.keys import QueueKeys
 from fleet.blocking import blocking
 from fleet.queue import GlobalQueue, QueueSettings
 from policies.reference_scheduler import ReferenceScheduler
-from policies.types import BandPolicy, ReplicaCapacity, TicketSpec
+from policies.types import BandPolicy, EngineSignals, ReplicaCapacity, TicketSpec
 
 pytestmark = pytest.mark.integration
 
 BANDS = (
-    BandPolicy("interactive", aging_ms=0, max_queued=40, max_queued_tokens=8000),
-    BandPolicy("standard", aging_ms=900, max_queued=40, max_queued_tokens=8000),
-    BandPolicy("batch", aging_ms=1500, max_queued=30, max_queued_tokens=6000),
+    BandPolicy("interactive", aging_ms=0, max_queued=40, max_queued_tokens=8000, max_unstarted=3, kv_ceiling=0.95),
+    BandPolicy("standard", aging_ms=900, max_queued=40, max_queued_tokens=8000, max_unstarted=2, kv_ceiling=0.85),
+    BandPolicy("batch", aging_ms=1500, max_queued=30, max_queued_tokens=6000, max_unstarted=1, kv_ceiling=0.6),
 )
 LEASE_MS = 4000
+STALE_MS = 300  # short, so signals go stale (and the gate falls back) often
 TENANTS = ["acme", "blue", "core", "delta"]
 FLOWS = ["", "", "chat", "batch-job"]
 WEIGHTS = {"acme": 1.0, "blue": 2.0, "core": 0.5, "delta": 3.0}
@@ -38,14 +40,20 @@ WEIGHTS = {"acme": 1.0, "blue": 2.0, "core": 0.5, "delta": 3.0}
 def _queues(redis_url: str) -> tuple[Any, ReferenceScheduler]:
     keys = QueueKeys(namespace=f"t{uuid.uuid4().hex[:12]}")
     # small per-call bounds, so that calls which stop at them (and the ones that pick up after) are compared too
-    settings = QueueSettings(BANDS, lease_ms=LEASE_MS, max_grants=5, bulk_limit=3)
+    settings = QueueSettings(BANDS, lease_ms=LEASE_MS, max_grants=5, bulk_limit=3, signal_stale_ms=STALE_MS)
     lua = blocking(lambda: GlobalQueue(aioredis.Redis.from_url(redis_url), keys, settings))
-    return lua, ReferenceScheduler(list(BANDS), max_grants_per_dispatch=5, bulk_limit=3)
+    return lua, ReferenceScheduler(list(BANDS), max_grants_per_dispatch=5, bulk_limit=3, signal_stale_ms=STALE_MS)
+
+
+def _signals(rng: random.Random) -> EngineSignals:
+    # few distinct values, so the gate's limits are met exactly as often as not
+    return EngineSignals(unstarted=rng.randint(0, 3), running=rng.randint(0, 4), waiting=rng.randint(0, 2),
+                         kv_usage=rng.choice([0.0, 0.3, 0.6, 0.85, 0.95, 0.99]), received=rng.randint(0, 99))
 
 
 def _replica(rng: random.Random, replica_id: str, uniform: bool) -> ReplicaCapacity:
     if uniform:  # identical replicas: every placement is decided by the tie-break
-        return ReplicaCapacity(replica_id, slots_total=2, tokens_total=600)
+        return ReplicaCapacity(replica_id, slots_total=3, tokens_total=600)
     accepts = rng.choice([frozenset({"short", "long"}), frozenset({"short"}), frozenset({"long"})])
     prefers = frozenset(c for c in accepts if rng.random() < 0.4)
     # few distinct sizes, so placement ties (and their tie-break) happen often
@@ -53,7 +61,8 @@ def _replica(rng: random.Random, replica_id: str, uniform: bool) -> ReplicaCapac
                            accepts=accepts, prefers=prefers, pool=rng.choice(["latency", "throughput"]))
 
 
-def _state_matches(lua: Any, ref: ReferenceScheduler, now: int) -> None:
+def _state_matches(lua: Any, ref: ReferenceScheduler, now: int) -> int:
+    """Compare the whole state; returns how many replicas the gate closes to some band by their signals."""
     snapshot = lua.snapshot(now)
     for band in snapshot.bands:
         assert (band.queued, band.queued_tokens) == ref.queued(band.name)
@@ -67,10 +76,12 @@ def _state_matches(lua: Any, ref: ReferenceScheduler, now: int) -> None:
             for flow in FLOWS:
                 want = ref.flow_counter(band.name, tenant, flow)
                 assert flows.get(flow, None if want is None else 0.0) == want, (band.name, tenant, flow)
-    lua_replicas = {r.replica_id: (r.slots_free, r.tokens_free) for r in snapshot.replicas}
-    assert lua_replicas == {r.replica_id: (r.slots_free, r.tokens_free) for r in ref.replicas.values()}
+    lua_replicas = {r.replica_id: (r.slots_free, r.tokens_free, r.in_flight, r.fresh) for r in snapshot.replicas}
+    assert lua_replicas == {r.replica_id: (r.slots_free, r.tokens_free, r.in_flight, r.fresh)
+                            for r in ref.replicas.values()}
     assert snapshot.tickets == len(ref.tickets)
     assert snapshot.served == ref.served
+    return sum(1 for r in snapshot.replicas if r.fresh and r.slots_free > 0 and len(r.open_bands) < len(BANDS))
 
 
 @pytest.mark.parametrize("uniform", [False, True], ids=["mixed-replicas", "identical-replicas"])
@@ -82,7 +93,7 @@ def test_random_workload_same_decisions(redis_url: str, seed: int, uniform: bool
     granted: list[str] = []
     waiting: list[str] = []
     replica_ids = [f"replica-{i}" for i in range(3)]
-    decisions = 0
+    decisions = gated = 0
 
     for step in range(260):
         now += rng.choice([0, 0, 5, 20, 80, 250])
@@ -99,10 +110,15 @@ def test_random_workload_same_decisions(redis_url: str, seed: int, uniform: bool
             if got.admitted:
                 waiting.append(spec.ticket_id)
             outcome = got.grants
-        elif op < 0.55:
+        elif op < 0.52:
             replica = _replica(rng, rng.choice(replica_ids), uniform)
             outcome = lua.register_replica(replica, LEASE_MS, now)
             assert outcome == ref.register_replica(replica, now, LEASE_MS)
+        elif op < 0.64:  # a replica reports; it acknowledges some grants (its own, others', gone ones)
+            replica_id, signals = rng.choice(replica_ids), _signals(rng)
+            received = [t for t in granted + ["no-such-ticket"] if rng.random() < 0.5]
+            outcome = lua.report_signals(replica_id, signals, received, now)
+            assert outcome == ref.report_signals(replica_id, signals, received, now)
         elif op < 0.75 and granted:
             ticket_id = granted.pop(rng.randrange(len(granted)))
             ticket = ref.tickets.get(ticket_id)
@@ -137,5 +153,6 @@ def test_random_workload_same_decisions(redis_url: str, seed: int, uniform: bool
             granted.append(grant.ticket_id)
         granted = [t for t in dict.fromkeys(granted) if t in ref.tickets]
         waiting = [t for t in waiting if t in ref.tickets]
-        _state_matches(lua, ref, now)
+        gated += _state_matches(lua, ref, now)
     assert decisions > 20, "the workload should exercise dispatch"
+    assert gated > 3, "the workload should exercise the gate's signal limits"

@@ -16,27 +16,34 @@ import redis
 from fleet.keys import QueueKeys
 from fleet.queue import LIBRARY, LUA_DIR, QueueSettings
 from policies.band_order import aging_cutoff
-from policies.gate import open_replicas
+from policies.gate import gate_open, open_replicas
 from policies.placement import choose_replica
-from policies.types import BandPolicy, ReplicaCapacity
+from policies.types import BandPolicy, EngineSignals, ReplicaCapacity
 
 pytestmark = pytest.mark.integration
 
-BANDS = (BandPolicy("top"), BandPolicy("mid", aging_ms=700), BandPolicy("low", aging_ms=0), BandPolicy("bulk", aging_ms=90))
+BANDS = (BandPolicy("top", max_unstarted=4, kv_ceiling=0.95), BandPolicy("mid", aging_ms=700, max_unstarted=2,
+         kv_ceiling=0.8), BandPolicy("low", aging_ms=0, max_unstarted=2, kv_ceiling=0.5),
+         BandPolicy("bulk", aging_ms=90, max_unstarted=1, kv_ceiling=0.5))
 PROBE = """
 local open = {}
 for _, p in ipairs(PAYLOAD.replicas) do
   local group = table.concat(p.accepts, ",") .. "|" .. table.concat(p.prefers, ",")
   redis.call("HSET", k_replica(p.id), "slots_total", p.slots_total, "tokens_total", p.tokens_total,
-    "pool", p.pool, "group", group)
-  redis.call("SADD", K_GROUPS, group)
-  set_free(p.id, group, p.slots_free, p.tokens_free)
-  if gate_open({slots_free = p.slots_free}) then open[#open + 1] = p.id end
+    "pool", p.pool, "group", group, "slots_free", p.slots_free, "tokens_free", p.tokens_free,
+    "in_flight", p.in_flight, "unstarted", p.unstarted, "kv", num(p.kv), "fresh", p.fresh and 1 or 0)
+  redis.call("HINCRBY", K_GROUPS, group, 1)
+  index_replica(p.id)
+  local bands = {}
+  for _, band in ipairs(BANDS) do
+    if gate_open(replica_state(p.id), band) then bands[#bands + 1] = band.name end
+  end
+  open[#open + 1] = table.concat(bands, ",")
 end
 local groups = replica_groups()
 local placed = {}
 for _, ask in ipairs(PAYLOAD.asks) do
-  local r = choose_replica(groups, ask.cost, ask.class)
+  local r = choose_replica(groups, ask.band, ask.cost, ask.class)
   placed[#placed + 1] = r and r.id or ""
 end
 local cutoffs = {}
@@ -49,29 +56,34 @@ def _replica(rng: random.Random, index: int) -> ReplicaCapacity:
     accepts = rng.choice([frozenset({"short", "long"}), frozenset({"short"}), frozenset({"long"})])
     slots = rng.randint(1, 4)
     tokens = rng.choice([300, 600, 1500])
+    signals = EngineSignals(unstarted=rng.randint(0, 3), kv_usage=rng.choice([0.1, 0.5, 0.8, 0.97]))
     return ReplicaCapacity(f"r{index}", slots, tokens, accepts=accepts, pool=rng.choice(["a", "b"]),
                            prefers=frozenset(c for c in accepts if rng.random() < 0.4),
-                           slots_free=rng.randint(0, slots), tokens_free=rng.randint(0, tokens))
+                           slots_free=rng.randint(0, slots), tokens_free=rng.randint(0, tokens),
+                           signals=signals, fresh=rng.random() < 0.7, in_flight=rng.randint(0, 2))
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_gate_placement_and_band_order_agree(redis_url: str, seed: int) -> None:
     rng = random.Random(seed)
     replicas = [_replica(rng, i) for i in range(rng.randint(1, 7))]
-    asks = [{"cost": rng.randint(1, 1600), "class": rng.choice(["short", "long"])} for _ in range(40)]
+    asks = [{"cost": rng.randint(1, 1600), "class": rng.choice(["short", "long"]), "band": rng.choice(BANDS).name}
+            for _ in range(60)]
     keys = QueueKeys(namespace=f"seams{seed}")
     source = "\n".join((LUA_DIR / f"{part}.lua").read_text() for part in LIBRARY) + PROBE
     payload = {"asks": asks, "replicas": [
         {"id": r.replica_id, "slots_total": r.slots_total, "slots_free": r.slots_free, "tokens_total": r.tokens_total,
-         "tokens_free": r.tokens_free, "accepts": sorted(r.accepts), "prefers": sorted(r.prefers), "pool": r.pool}
+         "tokens_free": r.tokens_free, "accepts": sorted(r.accepts), "prefers": sorted(r.prefers), "pool": r.pool,
+         "in_flight": r.in_flight, "unstarted": r.signals.unstarted, "kv": r.signals.kv_usage, "fresh": r.fresh}
         for r in replicas]}
     now = 1_000_000
     client = redis.Redis.from_url(redis_url)
     raw = client.eval(source, len(keys.declared()), *keys.declared(), QueueSettings(BANDS).to_json(keys), str(now),
                       json.dumps(payload))
     got = json.loads(raw)
-    open_ = open_replicas(replicas)
-    assert (got["open"] or []) == [r.replica_id for r in open_]
-    want = [getattr(choose_replica(open_, a["cost"], a["class"]), "replica_id", "") for a in asks]
+    assert (got["open"] or []) == [",".join(b.name for b in BANDS if gate_open(r, b)) for r in replicas]
+    band = {b.name: b for b in BANDS}
+    want = [getattr(choose_replica(open_replicas(replicas, band[a["band"]]), a["cost"], a["class"]), "replica_id", "")
+            for a in asks]
     assert got["placed"] == want
     assert got["cutoffs"] == [c if (c := aging_cutoff(BANDS, i, now)) is not None else -1 for i in range(len(BANDS))]

@@ -10,7 +10,7 @@ from policies.classification import LengthClasses, estimate_cost
 from policies.gate import open_replicas
 from policies.placement import choose_replica, pool_for_class
 from policies.priority import BandNotAllowed, resolve_band
-from policies.types import ReplicaCapacity
+from policies.types import BandPolicy, ReplicaCapacity
 
 BANDS = ["interactive", "standard", "batch"]
 OBJECTIVES = {"chat": "interactive", "offline": "batch"}
@@ -84,14 +84,16 @@ def test_long_prompts_go_to_the_preferring_pool_and_short_ones_spill_over() -> N
     replicas = [latency, throughput]
 
     def place(cost: int, length_class: str) -> ReplicaCapacity | None:  # gate, then filter -> scorer -> picker
-        return choose_replica(open_replicas(replicas), cost, length_class)
+        return choose_replica(open_replicas(replicas, BandPolicy("standard")), cost, length_class)
 
     assert place(100, "short") is latency  # preferred, though the other has more free slots
     assert place(3000, "long") is throughput
     latency.slots_free = 0
-    assert place(100, "short") is throughput  # spill-over onto free capacity
+    assert place(100, "short") is throughput  # spill-over onto an idle replica
+    throughput.slots_free = 3
+    assert place(100, "short") is None  # not onto one that has work of its own pending
     throughput.slots_free = 0
-    assert place(3000, "long") is None  # never onto the latency pool
+    assert place(3000, "long") is None  # never onto the latency pool, which does not accept it
 
 
 def test_without_the_queue_each_class_goes_to_its_preferred_pool() -> None:

@@ -7,6 +7,10 @@
   original band overtakes a waiting higher-band ticket only after waiting its band's aging limit.
 * No ticket is granted twice (unless requeued); capacity never goes negative or above what was
   registered, and free + reserved always equals the registered total.
+
+All of these hold with the gate at work: the random operations include engine signal reports (replicas
+close to lower bands, then go stale), and the fairness replays run once more with a gated replica. The gate's
+own properties are in test_gate_properties.py.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.reference_scheduler import ReferenceScheduler
-from policies.types import BandPolicy, ReplicaCapacity, TicketSpec
+from policies.types import BandPolicy, EngineSignals, ReplicaCapacity, TicketSpec
 
 LEASE = 10**12  # leases never expire in these properties
 WEIGHTS = {"a": 1.0, "b": 2.0, "c": 0.5, "d": 1.0}
@@ -44,14 +48,16 @@ class _GapTracker:
             self._spans.pop(key, None)
 
 
-def _replay(specs_by_step: dict[int, list[TicketSpec]], slots: int, on_grant) -> None:
+def _replay(specs_by_step: dict[int, list[TicketSpec]], slots: int, on_grant, gate: int = 0) -> None:
     """One replica of ``slots`` slots; every grant runs for one step, so bursts leave tenants backlogged.
+    With ``gate`` > 0 the replica reports its engine every step, and the band lets it hold ``gate``
+    unstarted requests at most (its grants of a step start the next one).
 
     ``on_grant(spec, waiting_before, waiting_after)`` hears every grant in order, with the tickets that were
     waiting just before it (those still waiting after the call, plus the ones the same call granted from it
     on) and just after it.
     """
-    scheduler = ReferenceScheduler([BandPolicy("only")])
+    scheduler = ReferenceScheduler([BandPolicy("only", max_unstarted=gate or 4)], signal_stale_ms=LEASE)
     scheduler.register_replica(ReplicaCapacity("r", slots_total=slots, tokens_total=10**9), 0, LEASE)
     tenants = sorted({spec.tenant for specs in specs_by_step.values() for spec in specs})
 
@@ -70,13 +76,15 @@ def _replay(specs_by_step: dict[int, list[TicketSpec]], slots: int, on_grant) ->
             started += granted(scheduler.complete(ticket_id, scheduler.tickets[ticket_id].spec.cost, step)[1])
         for spec in specs_by_step.get(step, []):
             started += granted(scheduler.enqueue(spec, step, LEASE)[1])
+        if gate:  # what was granted this step has not started yet
+            started += granted(scheduler.report_signals("r", EngineSignals(unstarted=len(started)), started, step))
         running = started
         step += 1
 
 
 @settings(max_examples=200, deadline=None)
-@given(arrivals=arrivals, slots=st.integers(1, 3))
-def test_backlogged_tenants_weighted_service_gap_is_bounded(arrivals, slots) -> None:
+@given(arrivals=arrivals, slots=st.integers(1, 3), gate=st.sampled_from([0, 1, 2]))
+def test_backlogged_tenants_weighted_service_gap_is_bounded(arrivals, slots, gate) -> None:
     by_step = defaultdict(list)
     for index, (step, tenant, cost) in enumerate(arrivals):
         by_step[step].append(TicketSpec(f"t{index}", tenant, "only", cost, WEIGHTS[tenant]))
@@ -92,7 +100,7 @@ def test_backlogged_tenants_weighted_service_gap_is_bounded(arrivals, slots) -> 
                 if i < j:
                     gaps.sample((i, j), {i, j} <= before, {i, j} <= after, service[i] - service[j], bound)
 
-    _replay(by_step, slots, on_grant)
+    _replay(by_step, slots, on_grant, gate)
 
 
 flow_arrivals = st.lists(
@@ -128,7 +136,10 @@ def test_flows_share_their_tenant_fairly_without_changing_the_tenant_bound(arriv
     _replay(by_step, slots, on_grant)
 
 
-BANDS = [BandPolicy("high"), BandPolicy("mid", aging_ms=50), BandPolicy("low", aging_ms=80)]
+BANDS = [BandPolicy("high", max_unstarted=3, kv_ceiling=0.95), BandPolicy("mid", aging_ms=50, max_unstarted=2,
+                                                                        kv_ceiling=0.8),
+         BandPolicy("low", aging_ms=80, max_unstarted=1, kv_ceiling=0.6)]
+STALE_MS = 40
 RANK = {band.name: index for index, band in enumerate(BANDS)}
 AGING = {band.name: band.aging_ms for band in BANDS}
 
@@ -141,6 +152,7 @@ operations = st.lists(
         st.tuples(st.just("cancel"), st.integers(0, 10**6)),
         st.tuples(st.just("requeue"), st.integers(0, 10**6)),
         st.tuples(st.just("tick"), st.integers(1, 60)),
+        st.tuples(st.just("report"), st.integers(0, 9), st.integers(0, 3), st.sampled_from([0.1, 0.7, 0.9, 0.99])),
     ),
     min_size=20, max_size=200,
 )
@@ -159,7 +171,7 @@ def _check_capacity(scheduler: ReferenceScheduler) -> None:
 
 def _run(ops, replicas: list[ReplicaCapacity], on_grants) -> None:
     """Apply random operations; after each call, hand its grants to ``on_grants`` and check capacity."""
-    scheduler = ReferenceScheduler(BANDS)
+    scheduler = ReferenceScheduler(BANDS, signal_stale_ms=STALE_MS)
     now = 0
     for replica in replicas:
         scheduler.register_replica(replica, now, LEASE)
@@ -185,6 +197,10 @@ def _run(ops, replicas: list[ReplicaCapacity], on_grants) -> None:
         elif op[0] == "tick":
             now += op[1]
             grants = scheduler.expire(now)
+        elif op[0] == "report":  # a replica reports its engine and acknowledges what it was granted
+            replica = replicas[op[1] % len(replicas)].replica_id
+            received = [tid for tid in granted_ids if scheduler.tickets[tid].granted_to == replica]
+            grants = scheduler.report_signals(replica, EngineSignals(unstarted=op[2], kv_usage=op[3]), received, now)
         on_grants(scheduler, grants, arrived, now, requeued)
         _check_capacity(scheduler)
 

@@ -1,0 +1,24 @@
+-- A replica's engine report (only that replica sends it): its signals, and the granted tickets it received
+-- since its last report, whose in-flight credit ends here (the report counts them now). Then dispatch: a
+-- report is one of dispatch's triggers (a prefill done, a request finished). A replica the queue does not
+-- know (lease lapsed, deregistered) changes nothing.
+-- PAYLOAD: {replica_id, unstarted, running, waiting, kv, received, acked: [ticket ids]}
+reap()
+local p = PAYLOAD
+local key = k_replica(p.replica_id)
+if redis.call("EXISTS", key) == 1 then
+  local acked = 0
+  for _, id in ipairs(p.acked) do
+    local f = redis.call("HMGET", k_ticket(id), "granted_to", "acked")
+    if f[1] == p.replica_id and f[2] ~= "1" then
+      redis.call("HSET", k_ticket(id), "acked", 1)
+      acked = acked + 1
+    end
+  end
+  if acked > 0 then redis.call("HINCRBY", key, "in_flight", -acked) end
+  redis.call("HSET", key, "unstarted", p.unstarted, "running", p.running, "waiting", p.waiting, "kv", num(p.kv),
+    "received", p.received, "sig_at", NOW, "fresh", 1)
+  redis.call("ZADD", K_SIGNALS, NOW, p.replica_id)
+  index_replica(p.replica_id)
+end
+return reply({grants = dispatch()})

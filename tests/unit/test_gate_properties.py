@@ -1,0 +1,186 @@
+"""Properties of the gate and work-conserving placement (the reference; the Lua agrees decision for decision).
+
+* No grant to a saturated replica: a replica with current signals gets a band's ticket only while its
+  pending work (unstarted + in flight) is below the band's limit and its KV usage below the band's ceiling,
+  so after any call its pending work is at most the largest limit of the bands it was granted.
+* Work conservation: after every call, no waiting ticket could be placed on any replica the gate leaves
+  open to its band (dispatch stops only when nothing more fits).
+* A class a replica's pool does not prefer goes there only while the replica has nothing pending: a long
+  prompt never lands on a latency replica that is already starting other work.
+* Late reports cannot overshoot: grants count as in flight until acknowledged, so however many grants a
+  replica gets between two reports, its pending work never passes the top band's limit.
+* Stale signals fall back to the concurrency cap: dispatch continues, bounded by slots.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.gate import gate_open, pending
+from policies.placement import fits, prefers
+from policies.reference_scheduler import ReferenceScheduler
+from policies.types import BandPolicy, EngineSignals, ReplicaCapacity, TicketSpec
+
+LEASE = 10**12
+STALE_MS = 50
+BANDS = [BandPolicy("interactive", max_unstarted=4, kv_ceiling=0.95),
+         BandPolicy("standard", aging_ms=200, max_unstarted=2, kv_ceiling=0.85),
+         BandPolicy("batch", aging_ms=400, max_unstarted=2, kv_ceiling=0.7)]
+LIMITS = {band.name: band for band in BANDS}
+
+
+def _fleet() -> list[ReplicaCapacity]:
+    latency = [ReplicaCapacity(f"lat{i}", 8, 5_000, frozenset({"short", "long"}), "latency", frozenset({"short"}))
+               for i in range(2)]
+    throughput = [ReplicaCapacity(f"thr{i}", 8, 5_000, frozenset({"short", "long"}), "throughput",
+                                  frozenset({"long"})) for i in range(2)]
+    return latency + throughput
+
+
+_enqueue = st.tuples(st.just("enqueue"), st.sampled_from([b.name for b in BANDS]), st.sampled_from("abc"),
+                     st.integers(1, 900), st.sampled_from(["short", "short", "long"]))
+operations = st.lists(
+    st.one_of(
+        _enqueue, _enqueue, _enqueue,
+        st.tuples(st.just("complete"), st.integers(0, 10**6)),
+        st.tuples(st.just("report"), st.integers(0, 3), st.integers(0, 5), st.sampled_from([0.1, 0.75, 0.9, 0.99]),
+                  st.booleans()),
+        st.tuples(st.just("tick"), st.integers(1, 80)),
+    ),
+    min_size=30, max_size=250,
+)
+
+
+def _placeable(scheduler: ReferenceScheduler) -> list[tuple[str, str]]:
+    """(ticket, replica) pairs where a waiting ticket could run now on a replica open to its band."""
+    return [(t.spec.ticket_id, r.replica_id)
+            for t in scheduler.tickets.values() if t.granted_to is None
+            for r in scheduler.replicas.values()
+            if gate_open(r, LIMITS[t.band]) and fits(r, t.spec.cost, t.spec.length_class)]
+
+
+def _apply(scheduler: ReferenceScheduler, op: tuple, index: int, now: int) -> tuple[list, int]:
+    granted = sorted(tid for tid, t in scheduler.tickets.items() if t.granted_to)
+    if op[0] == "enqueue":
+        _, band, tenant, cost, length_class = op
+        return scheduler.enqueue(TicketSpec(f"t{index}", tenant, band, cost, 1.0, length_class), now, LEASE).grants, now
+    if op[0] == "complete" and granted:
+        return scheduler.complete(granted[op[1] % len(granted)], 10, now).grants, now
+    if op[0] == "report":
+        _, which, unstarted, kv, acknowledge = op
+        replica = sorted(scheduler.replicas)[which]
+        received = [tid for tid in granted if scheduler.tickets[tid].granted_to == replica] if acknowledge else []
+        signals = EngineSignals(unstarted=unstarted, kv_usage=kv)
+        return scheduler.report_signals(replica, signals, received, now), now
+    if op[0] == "tick":
+        return scheduler.expire(now + op[1]), now + op[1]
+    return [], now
+
+
+def _run(ops, check) -> None:
+    scheduler = ReferenceScheduler(BANDS, signal_stale_ms=STALE_MS)
+    for replica in _fleet():
+        scheduler.register_replica(replica, 0, LEASE)
+    now = 0
+    for index, op in enumerate(ops):
+        before = {r.replica_id: (r.fresh, pending(r), r.signals.kv_usage) for r in scheduler.replicas.values()}
+        grants, now = _apply(scheduler, op, index, now)
+        check(scheduler, grants, before)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=operations)
+def test_no_grant_to_a_saturated_replica(ops) -> None:
+    def check(scheduler: ReferenceScheduler, grants, before) -> None:
+        by_replica: dict[str, list[str]] = {}
+        for grant in grants:
+            by_replica.setdefault(grant.replica_id, []).append(grant.band)
+        for replica_id, bands in by_replica.items():
+            replica = scheduler.replicas[replica_id]
+            if replica.fresh:
+                assert pending(replica) <= max(LIMITS[b].max_unstarted for b in bands), (replica, bands)
+                assert all(replica.signals.kv_usage < LIMITS[b].kv_ceiling for b in bands), (replica, bands)
+            assert replica.slots_free >= 0
+
+    _run(ops, check)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=operations)
+def test_work_conserving_no_open_replica_idles_while_a_ticket_it_can_run_waits(ops) -> None:
+    def check(scheduler: ReferenceScheduler, grants, before) -> None:
+        assert _placeable(scheduler) == []
+
+    _run(ops, check)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=operations)
+def test_unpreferred_class_only_on_a_replica_with_nothing_pending(ops) -> None:
+    def check(scheduler: ReferenceScheduler, grants, before) -> None:
+        # grants come last in a call, each adding one to its replica's pending work: a replica's k-th grant
+        # of the call met pending work of (pending after the call) - (its grants in the call) + k
+        count = Counter(grant.replica_id for grant in grants)
+        seen: Counter = Counter()
+        for grant in grants:
+            replica = scheduler.replicas[grant.replica_id]
+            length_class = scheduler.tickets[grant.ticket_id].spec.length_class
+            if not prefers(replica, length_class):
+                assert pending(replica) - count[grant.replica_id] + seen[grant.replica_id] == 0, grants
+            seen[grant.replica_id] += 1
+
+    _run(ops, check)
+
+
+def test_late_reports_do_not_overshoot() -> None:
+    """A burst arrives between two reports: the in-flight credit stops it at the limit, not at the slots."""
+    scheduler = ReferenceScheduler(BANDS, signal_stale_ms=STALE_MS)
+    scheduler.register_replica(ReplicaCapacity("r", 64, 10**6), 0, LEASE)
+    scheduler.report_signals("r", EngineSignals(), [], 0)
+    granted = [g for i in range(20)
+               for g in scheduler.enqueue(TicketSpec(f"t{i}", "a", "interactive", 10), 1, LEASE).grants]
+    assert len(granted) == LIMITS["interactive"].max_unstarted
+    # the replica reports them received and one started: exactly one more goes
+    received = [g.ticket_id for g in granted]
+    more = scheduler.report_signals("r", EngineSignals(unstarted=len(received) - 1), received, 2)
+    assert len(more) == 1
+
+
+def test_stale_signals_fall_back_to_the_concurrency_cap() -> None:
+    scheduler = ReferenceScheduler(BANDS, signal_stale_ms=STALE_MS)
+    scheduler.register_replica(ReplicaCapacity("r", 6, 10**6), 0, LEASE)
+    scheduler.report_signals("r", EngineSignals(unstarted=9, kv_usage=0.99), [], 0)  # saturated
+    assert scheduler.enqueue(TicketSpec("t0", "a", "interactive", 10), 10, LEASE).grants == []
+    # no report for STALE_MS: dispatch continues, up to the replica's slots
+    grants = scheduler.expire(STALE_MS)
+    assert [g.ticket_id for g in grants] == ["t0"]
+    granted = [g for i in range(1, 10) for g in scheduler.enqueue(TicketSpec(f"t{i}", "a", "batch", 10), 60, LEASE).grants]
+    assert len(granted) == 5  # 6 slots
+    assert not scheduler.replicas["r"].fresh
+
+
+def test_lower_bands_close_first_and_the_top_band_keeps_headroom() -> None:
+    scheduler = ReferenceScheduler(BANDS, signal_stale_ms=STALE_MS)
+    scheduler.register_replica(ReplicaCapacity("r", 64, 10**6), 0, LEASE)
+    scheduler.report_signals("r", EngineSignals(unstarted=2, kv_usage=0.8), [], 0)
+    assert scheduler.enqueue(TicketSpec("b", "a", "batch", 10), 1, LEASE).grants == []  # kv 0.8 >= 0.7
+    assert scheduler.enqueue(TicketSpec("s", "a", "standard", 10), 1, LEASE).grants == []  # 2 pending >= 2
+    assert [g.ticket_id for g in scheduler.enqueue(TicketSpec("i", "a", "interactive", 10), 1, LEASE).grants] == ["i"]
+
+
+def test_a_long_prompt_uses_an_idle_latency_replica_one_at_a_time() -> None:
+    scheduler = ReferenceScheduler(BANDS, signal_stale_ms=STALE_MS)
+    latency, throughput = _fleet()[0], _fleet()[2]
+    for replica in (latency, throughput):
+        scheduler.register_replica(replica, 0, LEASE)
+    scheduler.report_signals(latency.replica_id, EngineSignals(), [], 0)
+    scheduler.report_signals(throughput.replica_id, EngineSignals(unstarted=2), [], 0)  # busy prefilling
+    grants = [g for i in range(3) for g in scheduler.enqueue(TicketSpec(f"l{i}", "a", "batch", 500, 1.0, "long"),
+                                                              1, LEASE).grants]
+    assert [(g.ticket_id, g.replica_id) for g in grants] == [("l0", latency.replica_id)]
+    # a short one still goes to the latency replica, beside the long prefill
+    short = scheduler.enqueue(TicketSpec("s", "b", "interactive", 50), 1, LEASE).grants
+    assert [(g.ticket_id, g.replica_id) for g in short] == [("s", latency.replica_id)]
