@@ -87,7 +87,7 @@ def _replica_payload(capacity: ReplicaCapacity, lease_ms: int) -> dict[str, Any]
     return {
         "replica_id": capacity.replica_id, "slots_total": capacity.slots_total,
         "tokens_total": capacity.tokens_total, "accepts": sorted(capacity.accepts),
-        "prefers": sorted(capacity.prefers), "pool": capacity.pool,
+        "prefers": sorted(capacity.prefers), "guarded": sorted(capacity.guarded), "pool": capacity.pool,
         "lease_ms": lease_ms,
     }  # fmt: skip
 

@@ -3,13 +3,14 @@
 
 * **Filter** (:func:`fits`): the replica runs the ticket's length class and has the tokens for it (an
   idle replica takes any ticket it accepts, so a request larger than any budget still runs, alone). A
-  class the replica's pool does not *prefer* (a pool that names no preference prefers all) is taken only while the replica has no pending work
-  (:func:`policies.gate.pending`): a long prompt may use a latency replica with nothing else to start,
-  where its prefill is chunked under that pool's small step budget, one such prompt at a time, so it
-  stalls the streams decoding beside it by at most one step; a short prompt may use an idle throughput
-  replica. Pool preference stays a preference, and no replica idles while a ticket it accepts waits.
-* **Scorer** (:func:`rank`, lower is better): a replica whose pool prefers the class first, then the
-  least pending work (so new work goes where it starts soonest), the most free slots, the smallest id.
+  *guarded* class (:func:`guarded_classes`: longer than anything the replica's pool is built for) is taken
+  only while the replica has no pending work: a long prompt may use a latency replica with nothing else to
+  start, where its prefill is chunked under that pool's small step budget, one such prompt at a time, so it
+  stalls the streams decoding beside it by at most one step. Pool preference stays a preference, and no
+  replica idles while a ticket it accepts waits.
+* **Scorer** (:func:`rank`, lower is better): a replica whose pool prefers the class first (a pool that
+  names no preference prefers all it accepts), then the least pending work (new work goes where it starts
+  soonest), the most free slots, the smallest id.
 * **Picker** (:func:`choose_replica`): the best-ranked replica that passes the filter.
 
 The gate (:mod:`policies.gate`) decides beforehand which replicas are open to the ticket's band.
@@ -23,6 +24,15 @@ from policies.gate import pending
 from policies.types import ReplicaCapacity
 
 
+def guarded_classes(accepts: Iterable[str], prefers: Iterable[str], order: Sequence[str]) -> frozenset[str]:
+    """The accepted classes a pool takes only when idle: those longer than every class it prefers
+    (``order``: the length classes, shortest first). A pool that prefers nothing guards nothing."""
+    preferred = [order.index(c) for c in prefers if c in order]
+    if not preferred:
+        return frozenset()
+    return frozenset(c for c in accepts if c in order and order.index(c) > max(preferred))
+
+
 def prefers(replica: ReplicaCapacity, length_class: str) -> bool:
     """True when ``replica``'s pool is built for the class (a pool that prefers nothing is built for all)."""
     return not replica.prefers or length_class in replica.prefers
@@ -32,7 +42,7 @@ def fits(replica: ReplicaCapacity, cost: int, length_class: str) -> bool:
     """Filter: True when ``replica`` may run a ticket of this cost and class."""
     if length_class not in replica.accepts:
         return False
-    if not prefers(replica, length_class) and pending(replica) > 0:
+    if length_class in replica.guarded and pending(replica) > 0:
         return False
     return replica.tokens_free >= cost or replica.slots_free == replica.slots_total
 
@@ -54,8 +64,8 @@ def choose_replica(candidates: Iterable[ReplicaCapacity], cost: int, length_clas
 def pool_for_class(pools: Sequence[tuple[str, Sequence[str], Sequence[str]]], length_class: str) -> str:
     """Without the global queue: the first pool (name, accepts, prefers) preferring the class, else the
     first accepting it. Load is then left to Ray Serve's router inside that pool."""
-    for name, _, prefers in pools:
-        if length_class in prefers:
+    for name, _, prefers_ in pools:
+        if length_class in prefers_:
             return name
     for name, accepts, _ in pools:
         if length_class in accepts:

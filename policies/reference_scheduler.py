@@ -116,6 +116,7 @@ class ReferenceScheduler:
             known.tokens_free += capacity.tokens_total - known.tokens_total
             known.slots_total, known.tokens_total = capacity.slots_total, capacity.tokens_total
             known.accepts, known.prefers, known.pool = capacity.accepts, capacity.prefers, capacity.pool
+            known.guarded = capacity.guarded
         known.expires_ms = now_ms + lease_ms
         return self._dispatch(now_ms)
 

@@ -75,7 +75,9 @@ class ReplicaCapacity:
     """A replica's registered capacity and what of it is free (mutable model state).
 
     ``accepts`` are the length classes it may run at all; ``prefers`` those its pool is built for
-    (placement tries preferring replicas first and spills over to the others).
+    (placement tries preferring replicas first and spills over to the others); ``guarded`` those of its
+    accepted classes it runs only while it has nothing else to start (longer than it is built for:
+    :func:`policies.placement.guarded_classes`).
 
     ``signals`` are its engine's last report and ``fresh`` whether that report is current; ``in_flight``
     counts grants to it that it has not acknowledged yet (the credit that covers the time between a grant
@@ -88,6 +90,7 @@ class ReplicaCapacity:
     accepts: frozenset[str] = field(default_factory=lambda: frozenset({"short", "long"}))
     pool: str = "default"
     prefers: frozenset[str] = field(default_factory=frozenset)
+    guarded: frozenset[str] = field(default_factory=frozenset)
     slots_free: int = -1
     tokens_free: int = -1
     expires_ms: int = 0

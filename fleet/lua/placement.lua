@@ -1,11 +1,11 @@
 -- Placement (policies/placement.py) among the replicas the gate leaves open: filter -> scorer -> picker.
 --
--- The open index: each placement group (its accepted and preferred classes, "long,short|long") has one
--- sorted set per band holding the group's replicas that the gate leaves open to that band, scored as the
--- scorer orders them: least pending work, then most free slots (equal scores order by id). Every change
--- to a replica's state re-indexes it (index_replica), so the picker reads each group's best first instead
--- of every replica, and a group whose best has pending work is skipped whole for classes it does not
--- prefer. The replica hash keeps the values themselves.
+-- The open index: each placement group (its accepted, preferred and guarded classes, "long,short|short|long")
+-- has one sorted set per band holding the group's replicas that the gate leaves open to that band, scored
+-- as the scorer orders them: least pending work, then most free slots (equal scores order by id). Every
+-- change to a replica's state re-indexes it (index_replica), so the picker reads each group's best first
+-- instead of every replica, and a group whose best has pending work is skipped whole for its guarded
+-- classes. The replica hash keeps the values themselves.
 
 local PENDING_UNIT = 1048576  -- 2^20 > slots (< 2^19): scores order by pending work, then by free slots
 local function open_score(pending, slots_free) return pending * PENDING_UNIT - slots_free end
@@ -40,11 +40,11 @@ end
 -- a pool that names no preference prefers every class it accepts
 local function group_prefers(g, class) return g.any_preference == false or g.prefers[class] == true end
 
--- filter: the replica runs the class; a class its pool does not prefer only while nothing is pending
--- there; and it has the tokens (an idle replica takes any ticket it accepts)
+-- filter: the replica runs the class; a guarded class only while nothing is pending there; and it has the
+-- tokens (an idle replica takes any ticket it accepts)
 local function placement_fits(r, cost, class)
   if not r.accepts[class] then return false end
-  if not r.preferred and r.pending > 0 then return false end
+  if r.guarded[class] and r.pending > 0 then return false end
   return r.tokens_free >= cost or r.slots_free == r.slots_total
 end
 
@@ -60,20 +60,21 @@ end
 local function replica_groups()
   local groups = {}
   for _, name in ipairs(redis.call("HKEYS", K_GROUPS)) do
-    local accepts, prefers = string.match(name, "^([^|]*)|(.*)$")
-    local g = {name = name, accepts = {}, prefers = {}, any_preference = false, top = {}}
+    local accepts, prefers, guarded = string.match(name, "^([^|]*)|([^|]*)|(.*)$")
+    local g = {name = name, accepts = {}, prefers = {}, guarded = {}, any_preference = false, top = {}}
     for class in string.gmatch(accepts, "[^,]+") do g.accepts[class] = true end
     for class in string.gmatch(prefers, "[^,]+") do
       g.prefers[class] = true
       g.any_preference = true
     end
+    for class in string.gmatch(guarded, "[^,]+") do g.guarded[class] = true end
     groups[#groups + 1] = g
   end
   return groups
 end
 
 -- whether the group may have a replica for the class in the band: one is open to the band and, for a
--- class its pool does not prefer, has nothing pending (score <= 0)
+-- guarded class, has nothing pending (score <= 0)
 local function group_may_take(g, band, class)
   if not g.accepts[class] then return false end
   local top = g.top[band]
@@ -82,7 +83,7 @@ local function group_may_take(g, band, class)
     top = first[1] and tonumber(first[2]) or false
     g.top[band] = top
   end
-  return top ~= false and (group_prefers(g, class) or top <= 0)
+  return top ~= false and (not g.guarded[class] or top <= 0)
 end
 
 local function class_has_room(groups, band, class)
@@ -93,9 +94,9 @@ local function class_has_room(groups, band, class)
 end
 
 -- one group's best replica for the ticket: its open replicas come best-scored first, so the first one the
--- filter passes (for a class the pool does not prefer, only those with nothing pending are looked at)
+-- filter passes (for a guarded class, only those with nothing pending are looked at)
 local function best_in_group(g, band, cost, class)
-  local preferred = group_prefers(g, class)
+  local preferred, guarded = group_prefers(g, class), g.guarded[class] == true
   local index, start = k_replica_index(g.name, band), 0
   while true do
     local page = redis.call("ZRANGE", index, start, start + 7, "WITHSCORES")
@@ -103,12 +104,13 @@ local function best_in_group(g, band, cost, class)
     local next_start = start + 8
     for i = 1, #page, 2 do
       local id, score = page[i], tonumber(page[i + 1])
-      if not preferred and score > 0 then return nil end
+      if guarded and score > 0 then return nil end
       local f = redis.call("HMGET", k_replica(id), "slots_free", "tokens_free", "slots_total")
       if f[1] then
         local slots_free = tonumber(f[1])
         local r = {id = id, slots_free = slots_free, tokens_free = tonumber(f[2]), slots_total = tonumber(f[3]),
-          pending = (score + slots_free) / PENDING_UNIT, accepts = g.accepts, preferred = preferred}
+          pending = (score + slots_free) / PENDING_UNIT, accepts = g.accepts, guarded = g.guarded,
+          preferred = preferred}
         if placement_fits(r, cost, class) then return r end
       else  -- gone without leaving the index (never in a sound state): drop it
         redis.call("ZREM", index, id)

@@ -1,6 +1,7 @@
 -- Register a replica's capacity, or renew its lease (a changed total shifts what is free), then dispatch.
 -- A new replica's signals start stale (the gate's concurrency cap) until its first report.
--- PAYLOAD: {replica_id, slots_total, tokens_total, accepts: [class...], prefers: [class...], pool, lease_ms}
+-- PAYLOAD: {replica_id, slots_total, tokens_total, accepts: [class...], prefers: [class...],
+--          guarded: [class...], pool, lease_ms}
 reap()
 local p = PAYLOAD
 if p.slots_total >= 524288 or p.tokens_total >= TOKENS_LIMIT then
@@ -9,7 +10,7 @@ end
 local key = k_replica(p.replica_id)
 local accepts = table.concat(p.accepts, ",")
 local prefers = table.concat(p.prefers or {}, ",")
-local group = accepts .. "|" .. prefers
+local group = accepts .. "|" .. prefers .. "|" .. table.concat(p.guarded or {}, ",")
 local slots_free, tokens_free = p.slots_total, p.tokens_total
 local joins_group = true
 if redis.call("EXISTS", key) == 1 then

@@ -20,6 +20,7 @@ import redis.asyncio as aioredis
 from fleet.keys import QueueKeys
 from fleet.blocking import blocking
 from fleet.queue import GlobalQueue, QueueSettings
+from policies.placement import guarded_classes
 from policies.reference_scheduler import ReferenceScheduler
 from policies.types import BandPolicy, EngineSignals, ReplicaCapacity, TicketSpec
 
@@ -58,7 +59,8 @@ def _replica(rng: random.Random, replica_id: str, uniform: bool) -> ReplicaCapac
     prefers = frozenset(c for c in accepts if rng.random() < 0.4)
     # few distinct sizes, so placement ties (and their tie-break) happen often
     return ReplicaCapacity(replica_id, slots_total=rng.randint(1, 4), tokens_total=rng.choice([300, 600, 1500]),
-                           accepts=accepts, prefers=prefers, pool=rng.choice(["latency", "throughput"]))
+                           accepts=accepts, prefers=prefers, pool=rng.choice(["latency", "throughput"]),
+                           guarded=guarded_classes(accepts, prefers, ["short", "long"]))
 
 
 def _state_matches(lua: Any, ref: ReferenceScheduler, now: int) -> int:

@@ -17,7 +17,7 @@ from fleet.keys import QueueKeys
 from fleet.queue import LIBRARY, LUA_DIR, QueueSettings
 from policies.band_order import aging_cutoff
 from policies.gate import gate_open, open_replicas
-from policies.placement import choose_replica
+from policies.placement import choose_replica, guarded_classes
 from policies.types import BandPolicy, EngineSignals, ReplicaCapacity
 
 pytestmark = pytest.mark.integration
@@ -28,7 +28,8 @@ BANDS = (BandPolicy("top", max_unstarted=4, kv_ceiling=0.95), BandPolicy("mid", 
 PROBE = """
 local open = {}
 for _, p in ipairs(PAYLOAD.replicas) do
-  local group = table.concat(p.accepts, ",") .. "|" .. table.concat(p.prefers, ",")
+  local group = table.concat(p.accepts, ",") .. "|" .. table.concat(p.prefers, ",") .. "|" ..
+    table.concat(p.guarded, ",")
   redis.call("HSET", k_replica(p.id), "slots_total", p.slots_total, "tokens_total", p.tokens_total,
     "pool", p.pool, "group", group, "slots_free", p.slots_free, "tokens_free", p.tokens_free,
     "in_flight", p.in_flight, "unstarted", p.unstarted, "kv", num(p.kv), "fresh", p.fresh and 1 or 0)
@@ -57,8 +58,9 @@ def _replica(rng: random.Random, index: int) -> ReplicaCapacity:
     slots = rng.randint(1, 4)
     tokens = rng.choice([300, 600, 1500])
     signals = EngineSignals(unstarted=rng.randint(0, 3), kv_usage=rng.choice([0.1, 0.5, 0.8, 0.97]))
+    preferred = frozenset(c for c in accepts if rng.random() < 0.4)
     return ReplicaCapacity(f"r{index}", slots, tokens, accepts=accepts, pool=rng.choice(["a", "b"]),
-                           prefers=frozenset(c for c in accepts if rng.random() < 0.4),
+                           prefers=preferred, guarded=guarded_classes(accepts, preferred, ["short", "long"]),
                            slots_free=rng.randint(0, slots), tokens_free=rng.randint(0, tokens),
                            signals=signals, fresh=rng.random() < 0.7, in_flight=rng.randint(0, 2))
 
@@ -74,6 +76,7 @@ def test_gate_placement_and_band_order_agree(redis_url: str, seed: int) -> None:
     payload = {"asks": asks, "replicas": [
         {"id": r.replica_id, "slots_total": r.slots_total, "slots_free": r.slots_free, "tokens_total": r.tokens_total,
          "tokens_free": r.tokens_free, "accepts": sorted(r.accepts), "prefers": sorted(r.prefers), "pool": r.pool,
+         "guarded": sorted(r.guarded),
          "in_flight": r.in_flight, "unstarted": r.signals.unstarted, "kv": r.signals.kv_usage, "fresh": r.fresh}
         for r in replicas]}
     now = 1_000_000

@@ -37,7 +37,7 @@ async def test_index_entries_left_behind_are_dropped(redis_url: str) -> None:
     queue = _queue(redis_url)
     await queue.register_replica(ReplicaCapacity("real", 2, 1000, accepts=frozenset({"short"})), lease_ms=60_000)
     prefix = queue.keys.families()
-    await queue.client.zadd(prefix["replica_index"] + "short|:only", {"ghost": -10**15})  # ranks first, has no hash
+    await queue.client.zadd(prefix["replica_index"] + "short||:only", {"ghost": -10**15})  # ranks first, has no hash
     await queue.client.zadd(prefix["tenant_index"] + "only:short", {"ghost-tenant": -1.0})
     granted = await queue.enqueue(TicketSpec("t1", "acme", "only", 10))
     assert [g.replica_id for g in granted.grants] == ["real"]
@@ -45,5 +45,5 @@ async def test_index_entries_left_behind_are_dropped(redis_url: str) -> None:
     waiting = await queue.enqueue(TicketSpec("t2", "acme", "only", 10))  # the replica is full: t2 waits
     assert waiting.admitted and waiting.grants == []
     assert (await queue.complete("t1", 10)).grants[0].ticket_id == "t2"  # dispatch walks past the ghosts
-    assert await queue.client.zscore(prefix["replica_index"] + "short|:only", "ghost") is None
+    assert await queue.client.zscore(prefix["replica_index"] + "short||:only", "ghost") is None
     assert await queue.client.zscore(prefix["tenant_index"] + "only:short", "ghost-tenant") is None

@@ -5,8 +5,8 @@
   so after any call its pending work is at most the largest limit of the bands it was granted.
 * Work conservation: after every call, no waiting ticket could be placed on any replica the gate leaves
   open to its band (dispatch stops only when nothing more fits).
-* A class a replica's pool does not prefer goes there only while the replica has nothing pending: a long
-  prompt never lands on a latency replica that is already starting other work.
+* A guarded class (longer than a replica's pool is built for) goes there only while the replica has nothing
+  pending: a long prompt never lands on a latency replica that is already starting other work.
 * Late reports cannot overshoot: grants count as in flight until acknowledged, so however many grants a
   replica gets between two reports, its pending work never passes the top band's limit.
 * Stale signals fall back to the concurrency cap: dispatch continues, bounded by slots.
@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.gate import gate_open, pending
-from policies.placement import fits, prefers
+from policies.placement import fits
 from policies.reference_scheduler import ReferenceScheduler
 from policies.types import BandPolicy, EngineSignals, ReplicaCapacity, TicketSpec
 
@@ -33,8 +33,8 @@ LIMITS = {band.name: band for band in BANDS}
 
 
 def _fleet() -> list[ReplicaCapacity]:
-    latency = [ReplicaCapacity(f"lat{i}", 8, 5_000, frozenset({"short", "long"}), "latency", frozenset({"short"}))
-               for i in range(2)]
+    latency = [ReplicaCapacity(f"lat{i}", 8, 5_000, frozenset({"short", "long"}), "latency", frozenset({"short"}),
+                               frozenset({"long"})) for i in range(2)]
     throughput = [ReplicaCapacity(f"thr{i}", 8, 5_000, frozenset({"short", "long"}), "throughput",
                                   frozenset({"long"})) for i in range(2)]
     return latency + throughput
@@ -119,7 +119,7 @@ def test_work_conserving_no_open_replica_idles_while_a_ticket_it_can_run_waits(o
 
 @settings(max_examples=300, deadline=None)
 @given(ops=operations)
-def test_unpreferred_class_only_on_a_replica_with_nothing_pending(ops) -> None:
+def test_guarded_class_only_on_a_replica_with_nothing_pending(ops) -> None:
     def check(scheduler: ReferenceScheduler, grants, before) -> None:
         # grants come last in a call, each adding one to its replica's pending work: a replica's k-th grant
         # of the call met pending work of (pending after the call) - (its grants in the call) + k
@@ -128,7 +128,7 @@ def test_unpreferred_class_only_on_a_replica_with_nothing_pending(ops) -> None:
         for grant in grants:
             replica = scheduler.replicas[grant.replica_id]
             length_class = scheduler.tickets[grant.ticket_id].spec.length_class
-            if not prefers(replica, length_class):
+            if length_class in replica.guarded:
                 assert pending(replica) - count[grant.replica_id] + seen[grant.replica_id] == 0, grants
             seen[grant.replica_id] += 1
 

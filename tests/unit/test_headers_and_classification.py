@@ -8,7 +8,7 @@ from gateway.errors import InvalidHeader
 from gateway.headers import read_headers, read_tenant_id, request_id_of
 from policies.classification import LengthClasses, estimate_cost
 from policies.gate import open_replicas
-from policies.placement import choose_replica, pool_for_class
+from policies.placement import choose_replica, guarded_classes, pool_for_class
 from policies.priority import BandNotAllowed, resolve_band
 from policies.types import BandPolicy, ReplicaCapacity
 
@@ -89,11 +89,22 @@ def test_long_prompts_go_to_the_preferring_pool_and_short_ones_spill_over() -> N
     assert place(100, "short") is latency  # preferred, though the other has more free slots
     assert place(3000, "long") is throughput
     latency.slots_free = 0
-    assert place(100, "short") is throughput  # spill-over onto an idle replica
-    throughput.slots_free = 3
-    assert place(100, "short") is None  # not onto one that has work of its own pending
+    assert place(100, "short") is throughput  # spill-over onto free capacity
     throughput.slots_free = 0
-    assert place(3000, "long") is None  # never onto the latency pool, which does not accept it
+    assert place(3000, "long") is None  # never onto a pool that does not accept it
+
+
+def test_a_pool_takes_classes_longer_than_it_is_built_for_only_when_idle() -> None:
+    assert guarded_classes(["short", "long"], ["short"], ["short", "long"]) == {"long"}
+    assert guarded_classes(["short", "long"], ["long"], ["short", "long"]) == set()  # shorter: not guarded
+    assert guarded_classes(["short", "long"], [], ["short", "long"]) == set()
+    latency = ReplicaCapacity("lat", 4, 10_000, accepts=frozenset({"short", "long"}), prefers=frozenset({"short"}),
+                              guarded=frozenset({"long"}), pool="latency")
+    band = BandPolicy("standard")
+    assert choose_replica(open_replicas([latency], band), 3000, "long") is latency  # idle: it may
+    latency.slots_free = 3  # one grant pending (stale signals: every grant counts)
+    assert choose_replica(open_replicas([latency], band), 3000, "long") is None
+    assert choose_replica(open_replicas([latency], band), 100, "short") is latency
 
 
 def test_without_the_queue_each_class_goes_to_its_preferred_pool() -> None:
