@@ -20,7 +20,7 @@ class CapacityRegistration:
     """Keeps one replica's capacity lease alive in the global queue."""
 
     def __init__(self, config: QueueConfig, capacity: ReplicaCapacity) -> None:
-        self._queue = global_queue(config, redis_client(config))
+        self.queue = global_queue(config, redis_client(config))
         self._capacity = capacity
         self._lease_ms = int(config.lease_s * 1000)
         self._task: asyncio.Task | None = None
@@ -28,14 +28,14 @@ class CapacityRegistration:
 
     async def start(self) -> None:
         """Register now (failing loudly if Redis is unreachable), then renew in the background."""
-        await self._queue.register_replica(self._capacity, self._lease_ms)
+        await self.queue.register_replica(self._capacity, self._lease_ms)
         self._task = asyncio.create_task(self._renew_forever())
 
     async def _renew_forever(self) -> None:
         while True:
             await asyncio.sleep(self._lease_ms / 3000)
             try:
-                await self._queue.register_replica(self._capacity, self._lease_ms)
+                await self.queue.register_replica(self._capacity, self._lease_ms)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis restarting: keep trying; the lease bridges short gaps
@@ -45,7 +45,7 @@ class CapacityRegistration:
         """Publish this process's Prometheus registry (vLLM's own ``vllm:*`` metrics) to the fleet's board."""
         from prometheus_client import REGISTRY, generate_latest
 
-        board = MetricsBoard(self._queue.client, self._queue.keys, ttl_s=3 * interval_s)
+        board = MetricsBoard(self.queue.client, self.queue.keys, ttl_s=3 * interval_s)
         replica = self._capacity.replica_id
         self._metrics = MetricsPublisher(board, f"replica:{replica}", {"replica": replica, "pool": self._capacity.pool},
                                          lambda: generate_latest(REGISTRY), interval_s)

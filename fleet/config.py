@@ -19,6 +19,18 @@ class BandConfig(BaseModel):
     aging_s: float = Field(0, ge=0, description="Starvation guard: waiting this long promotes a ticket one band.")
     max_queued: int = Field(10_000, ge=1, description="Most tickets waiting in this band (then 429).")
     max_queued_tokens: int = Field(50_000_000, ge=1, description="Most estimated tokens waiting (then 429).")
+    max_unstarted: int | None = Field(
+        None, ge=1, description="Gate: a replica whose engine reports current signals takes this band's tickets "
+        "only while its work not yet started (requests waiting, in transit or still prefilling, plus grants on "
+        "their way) is below this. About what one engine step can start: more lets the engine's own FCFS queue "
+        "grow, where bands and fairness do not reach; fewer leaves its step budget idle between reports. "
+        "None: 4 for the first band, 2 below it.",
+    )
+    kv_ceiling: float | None = Field(
+        None, gt=0, le=1, description="Gate: ... and while its KV-cache usage is below this. Lower bands stop "
+        "earlier, so the KV cache keeps room for the top band's requests. None: 0.95 for the first band, 0.85 "
+        "below it.",
+    )
 
 
 class LengthClassConfig(BaseModel):
@@ -36,10 +48,15 @@ def _default_length_classes() -> list[LengthClassConfig]:
 
 def _default_bands() -> list[BandConfig]:
     return [
-        BandConfig(name="interactive"),
-        BandConfig(name="standard", aging_s=30),
-        BandConfig(name="batch", aging_s=60),
+        BandConfig(name="interactive", max_unstarted=4, kv_ceiling=0.95),
+        BandConfig(name="standard", aging_s=30, max_unstarted=2, kv_ceiling=0.85),
+        BandConfig(name="batch", aging_s=60, max_unstarted=2, kv_ceiling=0.8),
     ]
+
+
+# a band's gate when the config leaves it out: the first band, and every band below it
+TOP_BAND_GATE = (4, 0.95)
+LOWER_BAND_GATE = (2, 0.85)
 
 
 class QueueConfig(BaseModel):
@@ -80,6 +97,17 @@ class QueueConfig(BaseModel):
         description="Prompt-length classes, shortest first, the last unbounded (placement and metrics use them).",
     )
     default_output_tokens: int = Field(256, ge=1, description="Output estimate when max_tokens is unset.")
+    signal_interval_s: float = Field(
+        0.05, gt=0, description="A replica reports its engine's signals at most this often (it reports on engine "
+        "steps: every step would be hundreds of writes a second per replica).",
+    )
+    signal_heartbeat_s: float = Field(
+        0.5, gt=0, description="An idle engine reports nothing; its replica repeats its last report this often.",
+    )
+    signal_stale_s: float = Field(
+        2.0, gt=0, description="Signals older than this are stale: the gate falls back to the replica's "
+        "concurrency cap (its max_num_seqs), so late reports never halt dispatch. Several heartbeats long.",
+    )
     objectives: dict[str, str] = Field(
         default_factory=dict,
         description="x-gateway-inference-objective name -> band (alias for users of the Inference Extension).",
@@ -96,7 +124,25 @@ class QueueConfig(BaseModel):
             if band not in names:
                 raise ValueError(f"objective {objective!r} maps to unknown band {band!r}; bands are {names}")
         self.length_class_policy()  # raises on bad bounds
+        self._resolve_gates()
+        if self.signal_stale_s <= 2 * max(self.signal_heartbeat_s, self.signal_interval_s):
+            raise ValueError("signal_stale_s must be more than twice signal_heartbeat_s and signal_interval_s, or "
+                             "an idle replica's signals go stale between its heartbeats")
         return self
+
+    def _resolve_gates(self) -> None:
+        """Fill each band's gate left unset, and refuse a lower band more headroom than a band above it: the
+        gate then closes bands from the bottom up, and strict band order holds at every replica."""
+        for index, band in enumerate(self.bands):
+            default = TOP_BAND_GATE if index == 0 else LOWER_BAND_GATE
+            above = self.bands[index - 1] if index else None
+            if band.max_unstarted is None:
+                band.max_unstarted = min(default[0], above.max_unstarted) if above else default[0]
+            if band.kv_ceiling is None:
+                band.kv_ceiling = min(default[1], above.kv_ceiling) if above else default[1]
+            if above and (band.max_unstarted > above.max_unstarted or band.kv_ceiling > above.kv_ceiling):
+                raise ValueError(f"band {band.name!r} has a larger gate (max_unstarted, kv_ceiling) than "
+                                 f"{above.name!r} above it: lower bands must close first")
 
     @property
     def band_names(self) -> list[str]:

@@ -17,10 +17,12 @@ def queue_settings(config: QueueConfig) -> QueueSettings:
     """Script settings (bands highest first, leases) from the queue config."""
     bands = tuple(
         BandPolicy(b.name, aging_ms=int(b.aging_s * 1000), max_queued=b.max_queued,
-                   max_queued_tokens=b.max_queued_tokens)
+                   max_queued_tokens=b.max_queued_tokens, max_unstarted=b.max_unstarted or 1,
+                   kv_ceiling=b.kv_ceiling or 1.0)
         for b in config.bands
     )
-    return QueueSettings(bands=bands, lease_ms=int(config.lease_s * 1000))
+    return QueueSettings(bands=bands, lease_ms=int(config.lease_s * 1000),
+                         signal_stale_ms=int(config.signal_stale_s * 1000))
 
 
 def redis_client(config: QueueConfig, max_connections: int | None = None, url: str | None = None) -> aioredis.Redis:

@@ -62,6 +62,7 @@ class Admitted(Protocol):
 
     pool: str
     replica_id: str | None
+    ticket_id: str | None  # the grant the replica acknowledges (None without the queue)
     queue_ms: float | None
     stages: dict[str, float]  # admission's stages (enqueue, wait_grant), in seconds
 
@@ -90,6 +91,7 @@ class DirectPlace:
 
     pool: str
     replica_id: str | None = None
+    ticket_id: str | None = None
     queue_ms: float | None = None
     stages: dict[str, float] = field(default_factory=dict)
 
@@ -180,6 +182,7 @@ class QueuePlace:
         self._admission, self._session, self._spec = admission, session, spec
         self._max_wait_s = max_wait_s
         self._requeues = 0
+        self.ticket_id = spec.ticket_id
         self.queue_ms = queue_ms
         self.stages = stages
         self._take(grant)

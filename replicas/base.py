@@ -13,7 +13,10 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from fleet.capacity import CapacityRegistration
-from policies.types import ReplicaCapacity
+from fleet.signal_reporter import SignalReporter
+from policies.placement import guarded_classes
+from policies.types import EngineSignals, ReplicaCapacity
+from replicas.engine_signals import RequestTracker
 from replicas.spec import ReplicaSpec
 
 Endpoint = Literal["chat", "completion"]
@@ -29,48 +32,89 @@ class ReplicaReply(BaseModel):
 
 
 class ReplicaBase:
-    """A Ray Serve replica that serves one engine; subclasses implement :meth:`serve`, ``models`` and
-    ``check_health``."""
+    """A Ray Serve replica that serves one engine; subclasses implement :meth:`serve`, :meth:`engine_signals`,
+    ``models`` and ``check_health``.
+
+    With the global queue, the replica registers its capacity and reports its engine's signals
+    (:class:`fleet.signal_reporter.SignalReporter`): a subclass calls :meth:`engine_stepped` after each engine
+    step. Every request gets a key of the replica's own (:class:`replicas.engine_signals.RequestTracker`),
+    which is also its engine request id.
+    """
 
     spec: ReplicaSpec
     replica_id: str
+    tracker: RequestTracker
     _registration: CapacityRegistration | None = None
+    _reporter: SignalReporter | None = None
 
     def _adopt(self, spec: ReplicaSpec) -> None:
         self.spec = spec
         self.replica_id = serve_replica_id()
+        self.tracker = RequestTracker()
 
     async def _join_fleet(self, slots: int, kv_tokens: int, publish_metrics: bool) -> ReplicaCapacity:
-        """Register this replica's capacity with the global queue (when there is one) and keep it alive."""
+        """Register this replica's capacity with the global queue (when there is one), keep it alive, and
+        start reporting its engine's signals."""
+        queue = self.spec.queue
+        order = [c.name for c in queue.length_classes] if queue is not None else []
         capacity = ReplicaCapacity(replica_id=self.replica_id, slots_total=slots, tokens_total=kv_tokens,
                                    accepts=frozenset(self.spec.accepts), prefers=frozenset(self.spec.prefers),
+                                   guarded=guarded_classes(self.spec.accepts, self.spec.prefers, order),
                                    pool=self.spec.pool)
-        if self.spec.queue is not None:
-            self._registration = CapacityRegistration(self.spec.queue, capacity)
+        if queue is not None:
+            self._registration = CapacityRegistration(queue, capacity)
             await self._registration.start()
+            self._reporter = SignalReporter(self._registration.queue, self.replica_id, self.engine_signals,
+                                            queue.signal_interval_s, queue.signal_heartbeat_s)
+            self._reporter.start()
             if publish_metrics:
                 self._registration.publish_metrics(self.spec.metrics_interval_s)
         return capacity
 
+    def engine_stepped(self) -> None:
+        """The engine finished a step (its signals may have changed)."""
+        if self._reporter is not None:
+            self._reporter.notify()
+
+    def engine_signals(self) -> EngineSignals:
+        """The engine's signals now."""
+        raise NotImplementedError
+
     async def generate(
-        self, endpoint: Endpoint, body: dict[str, Any], granted_replica: str | None = None
+        self, endpoint: Endpoint, body: dict[str, Any], granted_replica: str | None = None,
+        ticket_id: str | None = None,
     ) -> AsyncIterator[dict[str, Any] | str]:
         """Run one request; yield a ReplicaReply dict, then SSE lines if the reply streams.
 
         ``granted_replica`` is the replica the global queue granted the request to; a call that reaches
         another replica (the granted one is gone) is answered MISROUTED at once, and the gateway requeues.
+        ``ticket_id`` names the grant: its arrival is acknowledged in the next signal report.
         """
         if granted_replica is not None and granted_replica != self.replica_id:
             yield ReplicaReply(status=MISROUTED).model_dump()
             return
-        async for message in self.serve(endpoint, body):
-            yield message
+        key = self.tracker.enter()
+        body["request_id"] = key  # the engine's id for it: the replica's own, never the client's
+        if ticket_id is not None and self._reporter is not None:
+            self._reporter.received(ticket_id)
+        try:
+            first = True
+            async for message in self.serve(endpoint, body):
+                if first and isinstance(message, str):  # the stream's first line: the engine has started it
+                    self.tracker.started(key)
+                    first = False
+                yield message
+        finally:
+            self.tracker.leave(key)
+            self.engine_stepped()  # an abort changes the engine's state without a step
 
     def serve(self, endpoint: Endpoint, body: dict[str, Any]) -> AsyncIterator[dict[str, Any] | str]:
-        """The engine's reply to one request, in ``generate``'s format."""
+        """The engine's reply to one request (run under ``body["request_id"]``), in ``generate``'s format."""
         raise NotImplementedError
 
     def _leave_fleet(self) -> None:
+        if self._reporter is not None:
+            self._reporter.stop()
         if self._registration is not None:
             self._registration.stop()
 

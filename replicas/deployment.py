@@ -12,8 +12,10 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any
 
+from policies.types import EngineSignals
 from replicas.base import Endpoint, ReplicaBase, ReplicaReply
 from replicas.cpu_binding import CpuBinding
+from replicas.engine_signals import vllm_signals, vllm_step_hook
 from replicas.engine_settings import EngineSettings
 from replicas.spec import ReplicaSpec
 
@@ -27,7 +29,9 @@ class VLLMReplica(ReplicaBase):
         self._adopt(spec)
         settings = EngineSettings.model_validate(spec.engine)
         _prepare_process_environment(spec.cpu_binding, spec.cache_dir)
-        self._engine, self._state = await _start_engine(settings, spec.model_path, spec.served_model_name)
+        self._step_stats: Any = None
+        self._engine, self._state = await _start_engine(settings, spec.model_path, spec.served_model_name,
+                                                        vllm_step_hook(self._on_engine_step))
         capacity = await self._join_fleet(settings.max_num_seqs, _kv_capacity_tokens(self._engine, settings),
                                           publish_metrics=True)
         logger.info("vLLM replica %s ready: pool=%s capacity=%s settings=%s", self.replica_id, spec.pool,
@@ -59,6 +63,14 @@ class VLLMReplica(ReplicaBase):
         yield ReplicaReply(status=200, stream=True).model_dump()
         async for line in result:
             yield line
+
+    def _on_engine_step(self, scheduler_stats: Any) -> None:
+        self._step_stats = scheduler_stats
+        self.engine_stepped()
+
+    def engine_signals(self) -> EngineSignals:
+        """The engine's last step's stats, and which of this replica's requests it has started."""
+        return vllm_signals(self.tracker, self._engine, self._step_stats)
 
     async def models(self) -> dict[str, Any]:
         """vLLM's own /v1/models listing for this replica."""
@@ -111,8 +123,10 @@ def _replica_local_rank() -> int:
         return 0
 
 
-async def _start_engine(settings: EngineSettings, model_path: str, served_model_name: str) -> tuple[Any, Any]:
-    """Start vLLM's AsyncLLM and its OpenAI serving state from vLLM's own argument parser."""
+async def _start_engine(settings: EngineSettings, model_path: str, served_model_name: str,
+                        step_hook: type) -> tuple[Any, Any]:
+    """Start vLLM's AsyncLLM (with ``step_hook`` among its stat loggers) and its OpenAI serving state from
+    vLLM's own argument parser."""
     from starlette.datastructures import State
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
@@ -131,6 +145,7 @@ async def _start_engine(settings: EngineSettings, model_path: str, served_model_
         usage_context=UsageContext.OPENAI_API_SERVER,
         enable_log_requests=False,
         disable_log_stats=engine_args.disable_log_stats,
+        stat_loggers=[step_hook],
     )
     state = State()
     await init_app_state(engine, state, args, await engine.get_supported_tasks())

@@ -12,9 +12,14 @@ simulated Ray Serve replica). What it reproduces from vLLM V1 (``vllm/v1/core/sc
 * ``fcfs`` admits waiting requests by arrival; ``priority`` by (priority, arrival), lower value first;
 * the step that completes a prompt's prefill also samples its first output token.
 
-What it leaves out: KV-cache exhaustion and the preemption it causes (size the KV cache so it does not
-happen, or read the figures as an upper bound), prefix caching (benchmarks send fresh prompts), speculative
-decoding, and CPU-side overheads beyond the cost model's constant term.
+It reports what vLLM's scheduler stats report (running, waiting, KV usage: the tokens its running requests
+hold over ``kv_tokens``) and which requests have not started (waiting, or still prefilling), so the global
+queue's gate sees from it what it sees from vLLM.
+
+What it leaves out: KV-cache exhaustion and the preemption it causes (the usage is reported, never
+enforced: size the KV cache so it does not run out, or read the figures as an upper bound), prefix caching
+(benchmarks send fresh prompts), speculative decoding, and CPU-side overheads beyond the cost model's
+constant term.
 """
 
 from __future__ import annotations
@@ -112,6 +117,7 @@ class StepPlan:
 
     work: list[tuple[SimRequest, int]]
     duration_s: float
+    admitted: list[SimRequest] = field(default_factory=list)  # left the waiting queue in this step
 
 
 @dataclass
@@ -125,9 +131,10 @@ class StepOutcome:
 class SimEngine:
     """vLLM V1's scheduling loop over simulated requests; the caller owns time."""
 
-    def __init__(self, settings: SimEngineSettings, cost: StepCostModel) -> None:
+    def __init__(self, settings: SimEngineSettings, cost: StepCostModel, kv_tokens: int = 0) -> None:
         self.settings = settings
         self.cost = cost
+        self.kv_tokens = kv_tokens
         self.running: list[SimRequest] = []
         self._waiting: list[tuple[tuple, SimRequest]] = []
         self._order = itertools.count()
@@ -142,6 +149,17 @@ class SimEngine:
     def unfinished(self) -> int:
         """Requests running or waiting."""
         return len(self.running) + len(self._waiting)
+
+    @property
+    def unstarted(self) -> int:
+        """Requests that have not produced a first token: waiting, or still prefilling."""
+        return len(self._waiting) + sum(1 for request in self.running if request.prefilling)
+
+    @property
+    def kv_usage(self) -> float:
+        """The share of ``kv_tokens`` its running requests hold (0 when no size is given)."""
+        held = sum(request.computed + request.generated for request in self.running)
+        return held / self.kv_tokens if self.kv_tokens else 0.0
 
     def has_work(self) -> bool:
         """True when a step would compute something."""
@@ -165,6 +183,7 @@ class SimEngine:
         budget = self.settings.max_num_batched_tokens
         cap = self.settings.long_prefill_token_threshold or budget
         work: list[tuple[SimRequest, int]] = []
+        admitted: list[SimRequest] = []
         for request in self.running:
             if budget <= 0:
                 break
@@ -175,11 +194,12 @@ class SimEngine:
             _, request = heapq.heappop(self._waiting)
             tokens = min(request.prompt_tokens - request.computed, budget, cap)
             self.running.append(request)
+            admitted.append(request)
             work.append((request, tokens))
             budget -= tokens
         batched = sum(tokens for _, tokens in work)
         pairs = sum(tokens * (request.computed + request.generated + tokens / 2) for request, tokens in work)
-        return StepPlan(work, self.cost.step_s(batched, len(work), pairs) if work else 0.0)
+        return StepPlan(work, self.cost.step_s(batched, len(work), pairs) if work else 0.0, admitted)
 
     def finish_step(self, plan: StepPlan) -> StepOutcome:
         """Apply a planned step: advance prefills, emit tokens, retire finished requests."""

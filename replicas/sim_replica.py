@@ -16,6 +16,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from policies.types import EngineSignals
 from replicas.base import Endpoint, ReplicaBase, ReplicaReply
 from replicas.sim_engine import COST_MODELS, SimEngine, SimEngineSettings, SimRequest
 from replicas.spec import ReplicaSpec
@@ -31,7 +32,7 @@ class SimReplica(ReplicaBase):
         self._adopt(spec)
         self._model = spec.served_model_name
         settings = SimEngineSettings.model_validate(spec.engine)
-        self._engine = SimEngine(settings, COST_MODELS[spec.simulated or "gpu-h100-llama3-8b"])
+        self._engine = SimEngine(settings, COST_MODELS[spec.simulated or "gpu-h100-llama3-8b"], KV_TOKENS)
         self._tokens: dict[str, asyncio.Queue[bool]] = {}
         self._wake = asyncio.Event()
         self._loop_task = asyncio.create_task(self._run_engine())
@@ -51,10 +52,17 @@ class SimReplica(ReplicaBase):
                 queue = self._tokens.get(request.request_id)
                 if queue is not None:
                     queue.put_nowait(request.finished)
+            self.engine_stepped()
+
+    def engine_signals(self) -> EngineSignals:
+        """The simulated engine's state, as vLLM's scheduler stats would report it."""
+        return EngineSignals(unstarted=self._engine.unstarted, running=len(self._engine.running),
+                             waiting=self._engine.waiting, kv_usage=self._engine.kv_usage,
+                             received=self.tracker.received)
 
     async def serve(self, endpoint: Endpoint, body: dict[str, Any]) -> AsyncIterator[dict[str, Any] | str]:
         """Run one request on the simulated engine; the same messages as vLLM's replica."""
-        request_id = uuid.uuid4().hex
+        request_id = str(body.get("request_id") or uuid.uuid4().hex)
         prompt = _prompt_tokens(endpoint, body)
         output = int(body.get("max_tokens") or body.get("max_completion_tokens") or DEFAULT_OUTPUT_TOKENS)
         tokens: asyncio.Queue[bool] = asyncio.Queue()

@@ -1,18 +1,26 @@
 """The vLLM replica deployment under real Ray Serve with a real vLLM CPU engine.
 
 One replica, driven through its DeploymentHandle: vLLM's serving path, its error mapping, priority
-scheduling, and the abort of an engine request when the caller goes away.
+scheduling, the abort of an engine request when the caller goes away, and its engine signals in the global
+queue (what vLLM's scheduler reports each step, the requests it has not started, granted tickets
+acknowledged).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis.asyncio as aioredis
 
+from fleet.config import QueueConfig
+from fleet.connection import global_queue
+from fleet.snapshot import ReplicaState
+from policies.types import TicketSpec
 from replicas.cpu_binding import CpuBinding
 from replicas.engine_settings import EngineSettings
 from replicas.spec import ReplicaSpec
@@ -31,7 +39,13 @@ ENGINE = EngineSettings(
 
 
 @pytest.fixture(scope="module")
-def replica(tiny_model_path: Path) -> Iterator[object]:
+def queue_config(redis_url: str) -> QueueConfig:
+    return QueueConfig(redis_url=redis_url, namespace=f"replica{uuid.uuid4().hex[:8]}", signal_heartbeat_s=0.2,
+                       signal_stale_s=1.0)
+
+
+@pytest.fixture(scope="module")
+def replica(tiny_model_path: Path, queue_config: QueueConfig) -> Iterator[object]:
     import ray
     from ray import serve
 
@@ -42,6 +56,7 @@ def replica(tiny_model_path: Path) -> Iterator[object]:
     app = deployment.bind(ReplicaSpec(
         model_path=str(tiny_model_path), served_model_name=TINY_MODEL_NAME, engine=ENGINE.model_dump(),
         cpu_binding=CpuBinding(cores_per_replica=1), cache_dir=str(REPO_ROOT / ".cache" / "runtime"),
+        queue=queue_config,
     ))
     handle = serve.run(app, name="replica-it", route_prefix=None)
     yield handle
@@ -92,3 +107,49 @@ async def test_cancelled_caller_aborts_the_engine_request(replica) -> None:
     while await replica.unfinished_requests.remote() != 0:
         assert time.monotonic() - cancelled_at < 5.0, "the engine request was not aborted"
         await asyncio.sleep(0.05)
+
+
+async def _replica_state(config: QueueConfig, until, timeout_s: float = 10) -> ReplicaState:
+    """The replica as the queue sees it, once ``until`` holds (its reports arrive every step or heartbeat)."""
+    queue = global_queue(config, aioredis.Redis.from_url(config.redis_url))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        (state,) = (await queue.snapshot()).replicas
+        if until(state):
+            return state
+        assert time.monotonic() < deadline, f"the replica's report never showed it: {state}"
+        await asyncio.sleep(0.05)
+
+
+async def test_engine_signals_reach_the_queue_and_grants_are_acknowledged(replica, queue_config: QueueConfig) -> None:
+    queue = global_queue(queue_config, aioredis.Redis.from_url(queue_config.redis_url))
+    # earlier tests' requests are over (a report may still show one ending)
+    idle = await _replica_state(queue_config, lambda s: s.fresh and s.running == 0 and s.unstarted == 0)
+    assert (idle.unstarted, idle.in_flight, idle.kv_usage) == (0, 0, 0)
+    assert idle.open_bands == queue_config.band_names
+    (grant,) = (await queue.enqueue(TicketSpec("t-signals", "acme", "standard", 100))).grants
+    busy = await _replica_state(queue_config, lambda s: s.in_flight == 1)  # granted, not yet arrived
+    assert busy.pending == 1
+    body = {"model": TINY_MODEL_NAME, "prompt": "x", "max_tokens": 4000, "ignore_eos": True, "stream": True}
+    replies = replica.options(stream=True).generate.remote("completion", body, granted_replica=grant.replica_id,
+                                                           ticket_id=grant.ticket_id)
+    await replies.__anext__()  # the header
+    await replies.__anext__()  # the first token: started
+    running = await _replica_state(queue_config, lambda s: s.running == 1 and s.in_flight == 0 and s.unstarted == 0)
+    assert running.received >= 1 and running.kv_usage > 0 and running.pending == 0
+    replies.cancel()
+    await queue.complete("t-signals", 10)
+    done = await _replica_state(queue_config, lambda s: s.running == 0)
+    assert (done.unstarted, done.in_flight) == (0, 0)
+
+
+async def test_signals_go_stale_without_reports_and_the_gate_falls_back(replica, queue_config: QueueConfig) -> None:
+    # seen from 5 s on (explicit clock; inside the replica's 10 s lease), its last report is stale
+    queue = global_queue(queue_config, aioredis.Redis.from_url(queue_config.redis_url))
+    state = await _replica_state(queue_config, lambda s: s.fresh)
+    far_future = state.signals_at_ms + 5_000
+    snapshot = await queue.snapshot(now_ms=far_future)
+    assert snapshot.replicas[0].fresh  # a read changes nothing; the next call reaps
+    await queue.expire(now_ms=far_future)
+    assert not (await queue.snapshot(now_ms=far_future)).replicas[0].fresh
+    assert (await _replica_state(queue_config, lambda s: s.fresh)).fresh  # its next heartbeat restores it

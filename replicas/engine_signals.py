@@ -1,0 +1,95 @@
+"""What a replica tells the global queue about its engine: which of its requests have not started yet.
+
+A request is *unstarted* from the moment it reaches the replica until its engine produces its first
+token: in transit inside the replica (parsing, chat template, tokenising), waiting in the engine's queue, or
+still prefilling. That is the work the gate counts: a replica busy starting requests cannot start another
+promptly, and a long prompt's prefill occupies the step budget for many steps.
+
+:class:`RequestTracker` follows the replica's own requests by a key the replica gives each one (it becomes
+the engine's request id, so no client chooses engine ids); :func:`vllm_step_hook` is a vLLM stat logger
+that hands each engine step's scheduler stats over; :func:`vllm_signals` reads the signals from them.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from policies.types import EngineSignals
+
+_KEY = re.compile(r"fgr[0-9a-f]{32}")
+
+
+class RequestTracker:
+    """The replica's requests in progress, and which of them have started (produced a first token)."""
+
+    def __init__(self) -> None:
+        self.received = 0
+        self._started: dict[str, bool] = {}
+
+    def enter(self) -> str:
+        """A request arrived: its key (the engine request id it must run under)."""
+        key = f"fgr{uuid.uuid4().hex}"
+        self._started[key] = False
+        self.received += 1
+        return key
+
+    def started(self, key: str) -> None:
+        """The request produced its first output."""
+        if key in self._started:
+            self._started[key] = True
+
+    def leave(self, key: str) -> None:
+        """The request is over, however it ended."""
+        self._started.pop(key, None)
+
+    def mark_started(self, engine_ids: Iterable[str]) -> None:
+        """Engine requests past their prefill (ids that carry a key: vLLM adds prefixes and suffixes)."""
+        for engine_id in engine_ids:
+            match = _KEY.search(engine_id)
+            if match:
+                self.started(match.group(0))
+
+    @property
+    def unstarted(self) -> int:
+        """Requests in progress that have produced nothing yet."""
+        return sum(1 for begun in self._started.values() if not begun)
+
+
+def vllm_step_hook(on_step: Callable[[Any], None]) -> type:
+    """A vLLM stat logger class (for ``AsyncLLM(stat_loggers=[...])``) that calls ``on_step`` with each engine
+    step's scheduler stats. vLLM calls it on the replica's event loop after the step's outputs are processed,
+    so it must stay cheap: ``on_step`` only records and flags."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class EngineStepHook(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+                   engine_idx: int = 0) -> None:
+            if scheduler_stats is not None:
+                on_step(scheduler_stats)
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return EngineStepHook
+
+
+def vllm_signals(tracker: RequestTracker, engine: Any, stats: Any | None) -> EngineSignals:
+    """The signals of a vLLM engine: its last step's scheduler stats, and the replica's own requests checked
+    against the engine's request states (``is_prefilling`` until the first token).
+
+    An engine with no request left steps no more, so its last stats can still count a request aborted after
+    that step (a client gone): with nothing unfinished, it holds nothing."""
+    states = engine.output_processor.request_states
+    tracker.mark_started(getattr(state, "external_req_id", None) or state.request_id
+                         for state in states.values() if not state.is_prefilling)
+    if stats is None or not states:
+        return EngineSignals(unstarted=tracker.unstarted, received=tracker.received)
+    return EngineSignals(unstarted=tracker.unstarted, running=stats.num_running_reqs,
+                         waiting=stats.num_waiting_reqs + stats.num_skipped_waiting_reqs,
+                         kv_usage=float(stats.kv_cache_usage), received=tracker.received)
