@@ -3,8 +3,11 @@ engines (replicas/sim_engine.py), with the project's own decision code.
 
 The global queue is :class:`policies.reference_scheduler.ReferenceScheduler`, the exact procedure the
 Redis Lua scripts implement (a test compares them decision by decision), so the simulated gateway orders,
-places and charges as the real one does; ``queue_overhead_s`` adds the measured Redis round trips to each
-grant. Power-of-two routing is Ray Serve's default router: two random replicas of the pool, the one with
+places, gates and charges as the real one does; ``queue_overhead_s`` adds the measured Redis round trips to
+each grant. Each simulated replica reports its engine's signals after its engine steps, at most once per
+``signal_interval_s`` (the first change at once, the rest coalesced), naming the grants that reached it,
+as the live replicas do; a report dispatches. An idle live replica repeats its last report by heartbeat, so
+here signals never go stale. Power-of-two routing is Ray Serve's default router: two random replicas of the pool, the one with
 fewer ongoing requests, at most ``max_ongoing_requests`` each (the rest wait at the caller, FIFO).
 
 Not modelled: HTTP hops and the proxy (the live runs measure those), client think time, engine failures.
@@ -23,7 +26,8 @@ from bench.systems import BAND_PRIORITY, PoolSpec, SystemSpec
 from bench.workload import PlannedRequest
 from policies.classification import LengthClasses
 from policies.reference_scheduler import ReferenceScheduler
-from policies.types import BandPolicy, ReplicaCapacity, TicketSpec
+from policies.placement import guarded_classes
+from policies.types import EngineSignals, ReplicaCapacity, TicketSpec
 from replicas.sim_engine import SimEngine, SimRequest, StepCostModel, StepPlan
 
 FOREVER_MS = 10 ** 15
@@ -33,9 +37,13 @@ class _Replica:
     def __init__(self, replica_id: str, pool: PoolSpec, cost: StepCostModel) -> None:
         self.replica_id = replica_id
         self.pool = pool
-        self.engine = SimEngine(pool.engine, cost)
+        self.engine = SimEngine(pool.engine, cost, pool.kv_tokens)
         self.stepping = False
         self.plan: StepPlan | None = None
+        self.received: list[str] = []  # granted requests that reached it since its last report
+        self.received_total = 0
+        self.reported_s = float("-inf")
+        self.report_due = False
 
 
 class FleetSimulation:
@@ -113,6 +121,9 @@ class FleetSimulation:
         priority = BAND_PRIORITY.get(request.band, 1) if self.system.priorities else 0
         replica.engine.add(SimRequest(request.request_id, request.prompt_tokens, request.output_tokens,
                                       priority=priority, arrival_s=self.now))
+        self.records[request.request_id].dispatched_s = self.now
+        replica.received.append(request.request_id)
+        replica.received_total += 1
         self._where[request.request_id] = replica
         if not replica.stepping:
             self._step(replica)
@@ -126,6 +137,8 @@ class FleetSimulation:
             return
         replica.stepping = True
         replica.plan = plan
+        for request in plan.admitted:
+            self.records[request.request_id].engine_start_s = self.now
         self.at(self.now + plan.duration_s, lambda: self._step_done(replica))
 
     def _step_done(self, replica: _Replica) -> None:
@@ -141,6 +154,30 @@ class FleetSimulation:
             self._ended()
             self._finished(replica, request)
         self._step(replica)
+        if self.scheduler is not None:
+            self._signal(replica)
+
+    # ----- engine signals -----
+
+    def _signal(self, replica: _Replica) -> None:
+        """The engine stepped: report now, or once the interval since the last report has passed."""
+        if replica.report_due:
+            return
+        wait = replica.reported_s + self.system.signal_interval_s - self.now
+        if wait <= 0:
+            self._report(replica)
+        else:
+            replica.report_due = True
+            self.at(self.now + wait, lambda: self._report(replica))
+
+    def _report(self, replica: _Replica) -> None:
+        engine = replica.engine
+        signals = EngineSignals(unstarted=engine.unstarted, unstarted_tokens=engine.unstarted_tokens,
+                                running=len(engine.running), waiting=engine.waiting, kv_usage=engine.kv_usage,
+                                received=replica.received_total)
+        received, replica.received = replica.received, []
+        replica.reported_s, replica.report_due = self.now, False
+        self._deliver(self.scheduler.report_signals(replica.replica_id, signals, received, self._ms()))
 
     def _finished(self, replica: _Replica, request: SimRequest) -> None:
         del self._where[request.request_id]
@@ -160,20 +197,24 @@ class FleetSimulation:
         return int(self.now * 1000)
 
     def _start_queue(self) -> None:
-        bands = [BandPolicy(name=band, aging_ms=int(self.system.aging_s.get(band, 0) * 1000),
-                            max_queued=10 ** 9, max_queued_tokens=10 ** 15)
-                 for band in sorted(BAND_PRIORITY, key=BAND_PRIORITY.get)]
-        self.scheduler = ReferenceScheduler(bands)
+        self.scheduler = ReferenceScheduler(self.system.band_policies(), signal_stale_ms=FOREVER_MS)
+        order = ["short", "long"]
         for replica in self.replicas.values():
-            capacity = ReplicaCapacity(replica_id=replica.replica_id, slots_total=replica.pool.queue_slots or replica.pool.engine.max_num_seqs,
-                                       tokens_total=replica.pool.kv_tokens, accepts=frozenset(replica.pool.accepts),
-                                       prefers=frozenset(replica.pool.prefers), pool=replica.pool.name)
+            pool = replica.pool
+            capacity = ReplicaCapacity(replica_id=replica.replica_id,
+                                       slots_total=pool.queue_slots or pool.engine.max_num_seqs,
+                                       tokens_total=pool.kv_tokens, accepts=frozenset(pool.accepts),
+                                       prefers=frozenset(pool.prefers), pool=pool.name,
+                                       guarded=guarded_classes(pool.accepts, pool.prefers, order),
+                                       step_tokens=pool.engine.max_num_batched_tokens,
+                                       prefill_chunk=pool.engine.long_prefill_token_threshold)
             self.scheduler.register_replica(capacity, 0, FOREVER_MS)
+            self._report(replica)
 
     def _enqueue(self, request: PlannedRequest, record: RequestRecord) -> None:
         spec = TicketSpec(ticket_id=request.request_id, tenant=request.tenant, band=request.band,
                           cost=request.prompt_tokens + request.output_tokens, weight=request.weight,
-                          length_class=self._length_class(request))
+                          length_class=self._length_class(request), prompt_tokens=request.prompt_tokens)
         result = self.scheduler.enqueue(spec, self._ms(), FOREVER_MS)
         if not result.admitted:
             record.status, record.end_s, record.error = 429, self.now, result.status

@@ -40,6 +40,8 @@ class RequestRecord:
     token_s: list[float] = field(default_factory=list)  # arrival time of every output chunk
     end_s: float | None = None
     error: str = ""
+    dispatched_s: float | None = None  # reached its replica (after the global queue, or the router's wait)
+    engine_start_s: float | None = None  # its engine first scheduled it (left the engine's own queue)
 
     @classmethod
     def planned(cls, request: PlannedRequest) -> "RequestRecord":

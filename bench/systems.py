@@ -18,6 +18,8 @@ import yaml
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from fleet.config import QueueConfig
+from policies.types import BandPolicy
 from replicas.sim_engine import SimEngineSettings
 
 SYSTEMS = ("baseline", "baseline-priority", "no-queue", "gateway")
@@ -52,6 +54,16 @@ class SystemSpec(BaseModel):
     queue_overhead_s: float = Field(0.0, ge=0, description="Added per grant (Redis round trips).")
     max_wait_s: float = Field(120.0, gt=0, description="Global queue: longest wait before a 429.")
     aging_s: dict[str, float] = Field(default_factory=lambda: {"standard": 30.0, "batch": 60.0})
+    gates: dict[str, tuple[float, float]] = Field(
+        default_factory=dict, description="Global queue: each band's gate (max_unstarted_steps, kv_ceiling).")
+    signal_interval_s: float = Field(0.05, gt=0, description="Global queue: least time between engine reports.")
+
+    def band_policies(self) -> list[BandPolicy]:
+        """The global queue's bands, highest first, with their aging and gates."""
+        return [BandPolicy(name=band, aging_ms=int(self.aging_s.get(band, 0) * 1000), max_queued=10 ** 9,
+                           max_queued_tokens=10 ** 15, **dict(zip(("max_unstarted_steps", "kv_ceiling"),
+                                                                  self.gates.get(band, (3.0, 1.0)))))
+                for band in sorted(BAND_PRIORITY, key=BAND_PRIORITY.get)]
 
     def pool_for(self, length_class: str) -> PoolSpec:
         """Power-of-two routing: the first pool preferring the class, else the first accepting it."""
@@ -70,25 +82,34 @@ class Profile(BaseModel):
     default_engine: SimEngineSettings
     latency_engine: SimEngineSettings
     throughput_engine: SimEngineSettings
+    latency_accepts: list[str]
+    throughput_accepts: list[str]
     short_prompt_tokens: int
     kv_tokens: int
     queue_overhead_s: float
+    queue: QueueConfig
 
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
-QUEUE_OVERHEAD_S = 0.0065  # per grant: `python -m bench.queue_overhead`, 16 concurrent requests, p50
+# per grant: what the queue adds before a request reaches its replica, measured on an idle deployment here
+# (`python -m bench.idle_probe`: x-fleetgate-queue-ms p50, docs/development.md); was 6.5 ms before the hot path
+QUEUE_OVERHEAD_S = 0.0015
 
 
 def profile_from_deploy(config_file: str, cost_model: str, default_engine: SimEngineSettings,
                         kv_tokens: int) -> Profile:
-    """A profile whose latency and throughput pools and length threshold are those of deploy/<config_file>,
-    so the simulator runs what `serve run` deploys; ``default_engine`` is vLLM's server default there."""
+    """A profile whose latency and throughput pools, length threshold and queue (bands, gates, signal timing)
+    are those of deploy/<config_file>, so the simulator runs what `serve run` deploys; ``default_engine`` is
+    vLLM's server default there."""
     args = yaml.safe_load((DEPLOY / config_file).read_text())["applications"][0]["args"]
-    engines = {pool["name"]: SimEngineSettings.model_validate(pool["engine"]) for pool in args["pools"]}
+    pools = {pool["name"]: pool for pool in args["pools"]}
+    engines = {name: SimEngineSettings.model_validate(pool["engine"]) for name, pool in pools.items()}
+    queue = QueueConfig.model_validate(args["queue"])
     return Profile(cost_model=cost_model, default_engine=default_engine, latency_engine=engines["latency"],
-                   throughput_engine=engines["throughput"],
-                   short_prompt_tokens=args["queue"]["length_classes"][0]["max_prompt_tokens"],
-                   kv_tokens=kv_tokens, queue_overhead_s=QUEUE_OVERHEAD_S)
+                   throughput_engine=engines["throughput"], latency_accepts=pools["latency"]["accepts"],
+                   throughput_accepts=pools["throughput"]["accepts"],
+                   short_prompt_tokens=queue.length_classes[0].max_prompt_tokens,
+                   kv_tokens=kv_tokens, queue_overhead_s=QUEUE_OVERHEAD_S, queue=queue)
 
 
 PROFILES = {
@@ -110,11 +131,11 @@ def build_systems(profile_name: str, replicas: int, latency_share: float = 0.5) 
                          kv_tokens=profile.kv_tokens)]
     priority_pool = [one_pool[0].model_copy(update={
         "engine": profile.default_engine.model_copy(update={"scheduling_policy": "priority"})})]
-    split = [PoolSpec(name="latency", replicas=latency, engine=profile.latency_engine, accepts=["short"],
-                      prefers=["short"], kv_tokens=profile.kv_tokens)]
+    split = [PoolSpec(name="latency", replicas=latency, engine=profile.latency_engine,
+                      accepts=profile.latency_accepts, prefers=["short"], kv_tokens=profile.kv_tokens)]
     if replicas > 1:
         split.append(PoolSpec(name="throughput", replicas=replicas - latency, engine=profile.throughput_engine,
-                              accepts=["short", "long"], prefers=["long"], kv_tokens=profile.kv_tokens))
+                              accepts=profile.throughput_accepts, prefers=["long"], kv_tokens=profile.kv_tokens))
     else:  # one replica: it must take both classes
         split = [split[0].model_copy(update={"accepts": ["short", "long"]})]
     common = {"short_prompt_tokens": profile.short_prompt_tokens}
@@ -124,5 +145,7 @@ def build_systems(profile_name: str, replicas: int, latency_share: float = 0.5) 
                                         pools=priority_pool, **common),
         "no-queue": SystemSpec(name="no-queue", routing="power-of-two", priorities=True, pools=split, **common),
         "gateway": SystemSpec(name="gateway", routing="global-queue", priorities=True, pools=split,
-                              queue_overhead_s=profile.queue_overhead_s, **common),
+                              queue_overhead_s=profile.queue_overhead_s, signal_interval_s=profile.queue.signal_interval_s,
+                              gates={b.name: (b.max_unstarted_steps, b.kv_ceiling) for b in profile.queue.bands},
+                              aging_s={b.name: b.aging_s for b in profile.queue.bands}, **common),
     }

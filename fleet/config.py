@@ -19,12 +19,13 @@ class BandConfig(BaseModel):
     aging_s: float = Field(0, ge=0, description="Starvation guard: waiting this long promotes a ticket one band.")
     max_queued: int = Field(10_000, ge=1, description="Most tickets waiting in this band (then 429).")
     max_queued_tokens: int = Field(50_000_000, ge=1, description="Most estimated tokens waiting (then 429).")
-    max_unstarted: int | None = Field(
-        None, ge=1, description="Gate: a replica whose engine reports current signals takes this band's tickets "
-        "only while its work not yet started (requests waiting, in transit or still prefilling, plus grants on "
-        "their way) is below this. About what one engine step can start: more lets the engine's own FCFS queue "
-        "grow, where bands and fairness do not reach; fewer leaves its step budget idle between reports. "
-        "None: 4 for the first band, 2 below it.",
+    max_unstarted_steps: float | None = Field(
+        None, gt=0, description="Gate: a replica whose engine reports current signals takes this band's tickets "
+        "only while the prompt tokens it has not started (requests waiting, in transit or still prefilling, plus "
+        "grants on their way) are below this many of its engine steps' token budgets (max_num_batched_tokens). "
+        "More lets the engine's own queue grow, where bands and fairness do not reach; fewer than ~1.5 leaves "
+        "part of a step idle (vLLM caps one prompt's share of a step at long_prefill_token_threshold). "
+        "None: 3 for the first band, 2 below it.",
     )
     kv_ceiling: float | None = Field(
         None, gt=0, le=1, description="Gate: ... and while its KV-cache usage is below this. Lower bands stop "
@@ -48,15 +49,15 @@ def _default_length_classes() -> list[LengthClassConfig]:
 
 def _default_bands() -> list[BandConfig]:
     return [
-        BandConfig(name="interactive", max_unstarted=4, kv_ceiling=0.95),
-        BandConfig(name="standard", aging_s=30, max_unstarted=2, kv_ceiling=0.85),
-        BandConfig(name="batch", aging_s=60, max_unstarted=2, kv_ceiling=0.8),
+        BandConfig(name="interactive", max_unstarted_steps=3, kv_ceiling=0.95),
+        BandConfig(name="standard", aging_s=30, max_unstarted_steps=2, kv_ceiling=0.85),
+        BandConfig(name="batch", aging_s=60, max_unstarted_steps=1.5, kv_ceiling=0.8),
     ]
 
 
 # a band's gate when the config leaves it out: the first band, and every band below it
-TOP_BAND_GATE = (4, 0.95)
-LOWER_BAND_GATE = (2, 0.85)
+TOP_BAND_GATE = (3.0, 0.95)
+LOWER_BAND_GATE = (2.0, 0.85)
 
 
 class QueueConfig(BaseModel):
@@ -136,12 +137,12 @@ class QueueConfig(BaseModel):
         for index, band in enumerate(self.bands):
             default = TOP_BAND_GATE if index == 0 else LOWER_BAND_GATE
             above = self.bands[index - 1] if index else None
-            if band.max_unstarted is None:
-                band.max_unstarted = min(default[0], above.max_unstarted) if above else default[0]
+            if band.max_unstarted_steps is None:
+                band.max_unstarted_steps = min(default[0], above.max_unstarted_steps) if above else default[0]
             if band.kv_ceiling is None:
                 band.kv_ceiling = min(default[1], above.kv_ceiling) if above else default[1]
-            if above and (band.max_unstarted > above.max_unstarted or band.kv_ceiling > above.kv_ceiling):
-                raise ValueError(f"band {band.name!r} has a larger gate (max_unstarted, kv_ceiling) than "
+            if above and (band.max_unstarted_steps > above.max_unstarted_steps or band.kv_ceiling > above.kv_ceiling):
+                raise ValueError(f"band {band.name!r} has a larger gate (max_unstarted_steps, kv_ceiling) than "
                                  f"{above.name!r} above it: lower bands must close first")
 
     @property

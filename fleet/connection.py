@@ -17,7 +17,7 @@ def queue_settings(config: QueueConfig) -> QueueSettings:
     """Script settings (bands highest first, leases) from the queue config."""
     bands = tuple(
         BandPolicy(b.name, aging_ms=int(b.aging_s * 1000), max_queued=b.max_queued,
-                   max_queued_tokens=b.max_queued_tokens, max_unstarted=b.max_unstarted or 1,
+                   max_queued_tokens=b.max_queued_tokens, max_unstarted_steps=b.max_unstarted_steps or 1.0,
                    kv_ceiling=b.kv_ceiling or 1.0)
         for b in config.bands
     )

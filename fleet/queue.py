@@ -68,7 +68,7 @@ class QueueSettings:
         return json.dumps({
             "bands": [
                 {"name": b.name, "aging_ms": b.aging_ms, "max_queued": b.max_queued,
-                 "max_queued_tokens": b.max_queued_tokens, "max_unstarted": b.max_unstarted,
+                 "max_queued_tokens": b.max_queued_tokens, "max_unstarted_steps": float(b.max_unstarted_steps),
                  "kv_ceiling": float(b.kv_ceiling)}
                 for b in self.bands
             ],
@@ -88,6 +88,7 @@ def _replica_payload(capacity: ReplicaCapacity, lease_ms: int) -> dict[str, Any]
         "replica_id": capacity.replica_id, "slots_total": capacity.slots_total,
         "tokens_total": capacity.tokens_total, "accepts": sorted(capacity.accepts),
         "prefers": sorted(capacity.prefers), "guarded": sorted(capacity.guarded), "pool": capacity.pool,
+        "step_tokens": capacity.step_tokens, "prefill_chunk": capacity.prefill_chunk,
         "lease_ms": lease_ms,
     }  # fmt: skip
 
@@ -96,6 +97,7 @@ def _ticket_payload(spec: TicketSpec) -> dict[str, Any]:
     return {
         "ticket_id": spec.ticket_id, "tenant": spec.tenant, "band": spec.band, "cost": spec.cost,
         "weight": float(spec.weight), "class": spec.length_class, "owner": spec.owner, "flow": spec.flow,
+        "prompt": spec.prefill_tokens,
     }  # fmt: skip
 
 
@@ -165,7 +167,8 @@ class GlobalQueue:
                              now_ms: int | None = None) -> list[Grant]:
         """A replica's engine report: its ``signals``, and the granted tickets it ``received`` since its last
         report (their in-flight credit ends); then dispatch."""
-        payload = {"replica_id": replica_id, "unstarted": signals.unstarted, "running": signals.running,
+        payload = {"replica_id": replica_id, "unstarted": signals.unstarted,
+                   "unstarted_tokens": signals.unstarted_tokens, "running": signals.running,
                    "waiting": signals.waiting, "kv": float(signals.kv_usage), "received": signals.received,
                    "acked": list(received)}
         return _grants((await self._call("report_signals", payload, now_ms))["grants"])

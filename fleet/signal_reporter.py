@@ -21,9 +21,10 @@ from policies.types import EngineSignals
 logger = logging.getLogger(__name__)
 
 
-def _digest(signals: EngineSignals) -> tuple[int, int, int, float]:
+def _digest(signals: EngineSignals) -> tuple[int, int, int, int, float]:
     """What counts as a change worth a report (KV usage moves a little every step)."""
-    return signals.unstarted, signals.running, signals.waiting, round(signals.kv_usage, 2)
+    return (signals.unstarted, signals.unstarted_tokens, signals.running, signals.waiting,
+            round(signals.kv_usage, 2))
 
 
 class SignalReporter:

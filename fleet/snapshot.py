@@ -63,7 +63,10 @@ class ReplicaState(BaseModel):
     fresh: bool = False
     pending: int = 0
     in_flight: int = 0
+    in_flight_tokens: int = 0
     unstarted: int = 0
+    unstarted_tokens: int = 0
+    step_tokens: int = 0
     running: int = 0
     waiting: int = 0
     kv_usage: float = 0.0

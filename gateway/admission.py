@@ -63,6 +63,7 @@ class Admitted(Protocol):
     pool: str
     replica_id: str | None
     ticket_id: str | None  # the grant the replica acknowledges (None without the queue)
+    prompt_tokens: int  # what the request weighs at its replica until the engine starts it
     queue_ms: float | None
     stages: dict[str, float]  # admission's stages (enqueue, wait_grant), in seconds
 
@@ -92,6 +93,7 @@ class DirectPlace:
     pool: str
     replica_id: str | None = None
     ticket_id: str | None = None
+    prompt_tokens: int = 0
     queue_ms: float | None = None
     stages: dict[str, float] = field(default_factory=dict)
 
@@ -148,7 +150,7 @@ class QueueAdmission:
         spec = TicketSpec(
             ticket_id=session.new_ticket_id(), tenant=request.tenant.id, band=request.decision.band,
             cost=request.size.cost, weight=request.tenant.weight, length_class=request.size.length_class,
-            owner=session.owner, flow=request.asked.flow,
+            owner=session.owner, flow=request.asked.flow, prompt_tokens=request.size.prompt_tokens,
         )
         max_wait_s = min(self.config.max_wait_s, request.asked.ttft_slo_s or self.config.max_wait_s)
         started = self._clock()
@@ -182,7 +184,7 @@ class QueuePlace:
         self._admission, self._session, self._spec = admission, session, spec
         self._max_wait_s = max_wait_s
         self._requeues = 0
-        self.ticket_id = spec.ticket_id
+        self.ticket_id, self.prompt_tokens = spec.ticket_id, spec.prefill_tokens
         self.queue_ms = queue_ms
         self.stages = stages
         self._take(grant)

@@ -121,7 +121,7 @@ class RequestLifecycle:
     async def _forward(self, parsed: ParsedRequest, place: Admitted) -> tuple[dict[str, Any], DeploymentResponseGenerator]:
         """Start the request where its place says; a replica that is gone sends it back to be placed again."""
         while True:
-            replies = self._pools.call(place.pool, place.replica_id, parsed, place.ticket_id)
+            replies = self._pools.call(place.pool, place.replica_id, parsed, place.ticket_id, place.prompt_tokens)
             try:
                 header = await replies.__anext__()
             except Exception as exc:

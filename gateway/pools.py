@@ -21,16 +21,16 @@ class Pools:
         self._default = next(iter(handles))
         self._listing: dict[str, Any] | None = None
 
-    def call(self, pool: str, replica_id: str | None, parsed: ParsedRequest,
-             ticket_id: str | None = None) -> DeploymentResponseGenerator:
+    def call(self, pool: str, replica_id: str | None, parsed: ParsedRequest, ticket_id: str | None = None,
+             prompt_tokens: int = 0) -> DeploymentResponseGenerator:
         """Start the request on ``pool`` (on ``replica_id`` when a grant names one; ``ticket_id`` is the grant
-        the replica acknowledges).
+        the replica acknowledges, ``prompt_tokens`` the prompt's count).
 
         A pool this gateway does not know (config drift) reaches the default pool, which answers misrouted.
         """
         handle = (self._handles.get(pool) or self._handles[self._default]).options(stream=True)
         grant = {GRANT_KWARG: replica_id, "ticket_id": ticket_id} if replica_id is not None else {}
-        return handle.generate.remote(parsed.endpoint, parsed.body, **grant)
+        return handle.generate.remote(parsed.endpoint, parsed.body, prompt_tokens=prompt_tokens, **grant)
 
     async def listing(self) -> dict[str, Any]:
         """vLLM's model listing (fetched from a replica once, then cached)."""

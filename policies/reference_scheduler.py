@@ -55,6 +55,7 @@ class _Ticket:
     reserved_tokens: int = 0
     charged_band: str = ""
     acked: bool = False  # the granted replica said it received the request
+    credit: int = 0  # what the grant adds to its replica's in-flight tokens until acknowledged
     position: int = 0  # in its flow's order (policies.ordering)
 
 
@@ -116,7 +117,8 @@ class ReferenceScheduler:
             known.tokens_free += capacity.tokens_total - known.tokens_total
             known.slots_total, known.tokens_total = capacity.slots_total, capacity.tokens_total
             known.accepts, known.prefers, known.pool = capacity.accepts, capacity.prefers, capacity.pool
-            known.guarded = capacity.guarded
+            known.guarded, known.step_tokens = capacity.guarded, capacity.step_tokens
+            known.prefill_chunk = capacity.prefill_chunk
         known.expires_ms = now_ms + lease_ms
         return self._dispatch(now_ms)
 
@@ -131,6 +133,7 @@ class ReferenceScheduler:
                 if ticket is not None and ticket.granted_to == replica_id and not ticket.acked:
                     ticket.acked = True
                     replica.in_flight -= 1
+                    replica.in_flight_tokens -= ticket.credit
             replica.signals, replica.signals_at_ms, replica.fresh = signals, now_ms, True
         return self._dispatch(now_ms)
 
@@ -283,6 +286,7 @@ class ReferenceScheduler:
             replica.tokens_free = min(replica.tokens_total, replica.tokens_free + ticket.reserved_tokens)
             if not ticket.acked:  # it never arrived (or arrived unreported): its credit ends here
                 replica.in_flight -= 1
+                replica.in_flight_tokens -= ticket.credit
         ticket.reserved_tokens = 0
         ticket.acked = False
 
@@ -367,7 +371,9 @@ class ReferenceScheduler:
         reserved = min(ticket.spec.cost, replica.tokens_free)
         replica.slots_free -= 1
         replica.tokens_free -= reserved
+        ticket.credit = replica.step_share(ticket.spec.prefill_tokens)
         replica.in_flight += 1
+        replica.in_flight_tokens += ticket.credit
         ticket.granted_to, ticket.reserved_tokens, ticket.charged_band = replica.replica_id, reserved, ticket.band
         ticket.granted_pool = replica.pool
         return Grant(ticket.spec.ticket_id, replica.replica_id, ticket.band, tenant, replica.pool)

@@ -13,16 +13,17 @@ class BandPolicy:
     ``aging_ms`` is the starvation guard: a ticket that has waited that long in this band is promoted to
     the band above (and may be promoted again from there). 0 disables aging for the band.
 
-    ``max_unstarted`` and ``kv_ceiling`` are the band's gate (:mod:`policies.gate`): a replica whose engine
-    reports current signals takes this band's tickets only while its unstarted work is below the one and its
-    KV-cache usage below the other. Lower bands get lower values, so the top band always finds headroom.
+    ``max_unstarted_steps`` and ``kv_ceiling`` are the band's gate (:mod:`policies.gate`): a replica whose
+    engine reports current signals takes this band's tickets only while its unstarted prompt tokens are below
+    that many of its engine steps' token budgets, and its KV-cache usage below the ceiling. Lower bands get
+    lower values, so the top band always finds headroom.
     """
 
     name: str
     aging_ms: int = 0
     max_queued: int = 10_000
     max_queued_tokens: int = 10_000_000
-    max_unstarted: int = 4
+    max_unstarted_steps: float = 3.0
     kv_ceiling: float = 1.0
 
 
@@ -39,6 +40,13 @@ class TicketSpec:
     owner: str = ""
     flow: str = ""
     """A sub-tenant flow (``x-gateway-inference-fairness-id``): flows share their tenant's share fairly."""
+    prompt_tokens: int = 0
+    """The prompt's tokens (what the engine must prefill before it starts); 0: take ``cost``."""
+
+    @property
+    def prefill_tokens(self) -> int:
+        """The work the gate counts for this ticket until its replica reports it started."""
+        return self.prompt_tokens or self.cost
 
 
 @dataclass(frozen=True)
@@ -59,7 +67,10 @@ class EngineSignals:
 
     unstarted: int = 0
     """Requests the replica received that have not produced their first token: in transit inside the replica,
-    waiting in the engine, or still prefilling. What the gate counts."""
+    waiting in the engine, or still prefilling."""
+    unstarted_tokens: int = 0
+    """Their prompt tokens, each counted up to the engine's prefill chunk (what one request can take of a
+    step): what the gate counts."""
     running: int = 0
     """The engine's running requests (vLLM's ``num_requests_running``)."""
     waiting: int = 0
@@ -79,9 +90,12 @@ class ReplicaCapacity:
     accepted classes it runs only while it has nothing else to start (longer than it is built for:
     :func:`policies.placement.guarded_classes`).
 
-    ``signals`` are its engine's last report and ``fresh`` whether that report is current; ``in_flight``
-    counts grants to it that it has not acknowledged yet (the credit that covers the time between a grant
-    and the report that includes it).
+    ``step_tokens`` is its engine's token budget per step (``max_num_batched_tokens``) and ``prefill_chunk``
+    the most prompt tokens one request may take of a step (vLLM's ``long_prefill_token_threshold``; 0: the
+    whole budget). ``signals`` are its engine's last report and ``fresh`` whether that report is current;
+    ``in_flight`` counts grants to it that it has not acknowledged yet and ``in_flight_tokens`` their prompt
+    tokens, each up to the chunk (the credit that covers the time between a grant and the report that
+    includes it).
     """
 
     replica_id: str
@@ -91,6 +105,8 @@ class ReplicaCapacity:
     pool: str = "default"
     prefers: frozenset[str] = field(default_factory=frozenset)
     guarded: frozenset[str] = field(default_factory=frozenset)
+    step_tokens: int = 2048
+    prefill_chunk: int = 0
     slots_free: int = -1
     tokens_free: int = -1
     expires_ms: int = 0
@@ -98,6 +114,11 @@ class ReplicaCapacity:
     signals_at_ms: int = 0
     fresh: bool = False
     in_flight: int = 0
+    in_flight_tokens: int = 0
+
+    def step_share(self, prompt_tokens: int) -> int:
+        """What a prompt weighs in this replica's pending work: its tokens, up to the prefill chunk."""
+        return min(prompt_tokens, self.prefill_chunk or self.step_tokens)
 
     def __post_init__(self) -> None:
         if self.slots_free < 0:

@@ -52,15 +52,18 @@ class ReplicaBase:
         self.replica_id = serve_replica_id()
         self.tracker = RequestTracker()
 
-    async def _join_fleet(self, slots: int, kv_tokens: int, publish_metrics: bool) -> ReplicaCapacity:
+    async def _join_fleet(self, slots: int, kv_tokens: int, step_tokens: int, prefill_chunk: int,
+                          publish_metrics: bool) -> ReplicaCapacity:
         """Register this replica's capacity with the global queue (when there is one), keep it alive, and
-        start reporting its engine's signals."""
+        start reporting its engine's signals. ``step_tokens`` is the engine's budget per step and
+        ``prefill_chunk`` the most prompt tokens one request takes of it (0: the whole budget)."""
+        self.tracker.prefill_chunk = prefill_chunk or step_tokens
         queue = self.spec.queue
         order = [c.name for c in queue.length_classes] if queue is not None else []
         capacity = ReplicaCapacity(replica_id=self.replica_id, slots_total=slots, tokens_total=kv_tokens,
                                    accepts=frozenset(self.spec.accepts), prefers=frozenset(self.spec.prefers),
                                    guarded=guarded_classes(self.spec.accepts, self.spec.prefers, order),
-                                   pool=self.spec.pool)
+                                   pool=self.spec.pool, step_tokens=step_tokens, prefill_chunk=prefill_chunk)
         if queue is not None:
             self._registration = CapacityRegistration(queue, capacity)
             await self._registration.start()
@@ -82,18 +85,19 @@ class ReplicaBase:
 
     async def generate(
         self, endpoint: Endpoint, body: dict[str, Any], granted_replica: str | None = None,
-        ticket_id: str | None = None,
+        ticket_id: str | None = None, prompt_tokens: int = 0,
     ) -> AsyncIterator[dict[str, Any] | str]:
         """Run one request; yield a ReplicaReply dict, then SSE lines if the reply streams.
 
         ``granted_replica`` is the replica the global queue granted the request to; a call that reaches
         another replica (the granted one is gone) is answered MISROUTED at once, and the gateway requeues.
-        ``ticket_id`` names the grant: its arrival is acknowledged in the next signal report.
+        ``ticket_id`` names the grant: its arrival is acknowledged in the next signal report. ``prompt_tokens``
+        is the gateway's count, what the request weighs until its engine starts it.
         """
         if granted_replica is not None and granted_replica != self.replica_id:
             yield ReplicaReply(status=MISROUTED).model_dump()
             return
-        key = self.tracker.enter()
+        key = self.tracker.enter(prompt_tokens)
         body["request_id"] = key  # the engine's id for it: the replica's own, never the client's
         if ticket_id is not None and self._reporter is not None:
             self._reporter.received(ticket_id)

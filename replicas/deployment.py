@@ -33,6 +33,7 @@ class VLLMReplica(ReplicaBase):
         self._engine, self._state = await _start_engine(settings, spec.model_path, spec.served_model_name,
                                                         vllm_step_hook(self._on_engine_step))
         capacity = await self._join_fleet(settings.max_num_seqs, _kv_capacity_tokens(self._engine, settings),
+                                          settings.max_num_batched_tokens, settings.long_prefill_token_threshold,
                                           publish_metrics=True)
         logger.info("vLLM replica %s ready: pool=%s capacity=%s settings=%s", self.replica_id, spec.pool,
                     capacity, settings.model_dump())

@@ -23,16 +23,21 @@ _KEY = re.compile(r"fgr[0-9a-f]{32}")
 
 
 class RequestTracker:
-    """The replica's requests in progress, and which of them have started (produced a first token)."""
+    """The replica's requests in progress, their prompt tokens, and which have started (produced a first
+    token)."""
 
     def __init__(self) -> None:
         self.received = 0
+        self.prefill_chunk = 0  # the engine's most prompt tokens per request and step (0: no cap)
         self._started: dict[str, bool] = {}
+        self._tokens: dict[str, int] = {}
 
-    def enter(self) -> str:
-        """A request arrived: its key (the engine request id it must run under)."""
+    def enter(self, prompt_tokens: int = 0) -> str:
+        """A request arrived (with its prompt tokens, when the caller counted them): its key, the engine
+        request id it must run under."""
         key = f"fgr{uuid.uuid4().hex}"
         self._started[key] = False
+        self._tokens[key] = max(0, prompt_tokens)
         self.received += 1
         return key
 
@@ -44,18 +49,35 @@ class RequestTracker:
     def leave(self, key: str) -> None:
         """The request is over, however it ended."""
         self._started.pop(key, None)
+        self._tokens.pop(key, None)
+
+    def key_of(self, engine_id: str) -> str | None:
+        """The key inside an engine request id (vLLM adds prefixes and suffixes), if it is one of ours."""
+        match = _KEY.search(engine_id)
+        return match.group(0) if match and match.group(0) in self._started else None
+
+    def learn_tokens(self, key: str, prompt_tokens: int) -> None:
+        """The engine's prompt length, for a request that came without a count."""
+        if not self._tokens.get(key):
+            self._tokens[key] = prompt_tokens
 
     def mark_started(self, engine_ids: Iterable[str]) -> None:
-        """Engine requests past their prefill (ids that carry a key: vLLM adds prefixes and suffixes)."""
+        """Engine requests past their prefill."""
         for engine_id in engine_ids:
-            match = _KEY.search(engine_id)
-            if match:
-                self.started(match.group(0))
+            key = self.key_of(engine_id)
+            if key is not None:
+                self.started(key)
 
     @property
     def unstarted(self) -> int:
         """Requests in progress that have produced nothing yet."""
         return sum(1 for begun in self._started.values() if not begun)
+
+    @property
+    def unstarted_tokens(self) -> int:
+        """Their prompt tokens, each up to the engine's prefill chunk (what it can take of one step)."""
+        chunk = self.prefill_chunk or float("inf")
+        return int(sum(min(self._tokens[key], chunk) for key, begun in self._started.items() if not begun))
 
 
 def vllm_step_hook(on_step: Callable[[Any], None]) -> type:
@@ -86,10 +108,17 @@ def vllm_signals(tracker: RequestTracker, engine: Any, stats: Any | None) -> Eng
     An engine with no request left steps no more, so its last stats can still count a request aborted after
     that step (a client gone): with nothing unfinished, it holds nothing."""
     states = engine.output_processor.request_states
-    tracker.mark_started(getattr(state, "external_req_id", None) or state.request_id
-                         for state in states.values() if not state.is_prefilling)
+    for state in states.values():
+        key = tracker.key_of(getattr(state, "external_req_id", None) or state.request_id)
+        if key is None:
+            continue
+        if state.is_prefilling:
+            tracker.learn_tokens(key, state.prompt_len)
+        else:
+            tracker.started(key)
+    mine = {"unstarted": tracker.unstarted, "unstarted_tokens": tracker.unstarted_tokens,
+            "received": tracker.received}
     if stats is None or not states:
-        return EngineSignals(unstarted=tracker.unstarted, received=tracker.received)
-    return EngineSignals(unstarted=tracker.unstarted, running=stats.num_running_reqs,
-                         waiting=stats.num_waiting_reqs + stats.num_skipped_waiting_reqs,
-                         kv_usage=float(stats.kv_cache_usage), received=tracker.received)
+        return EngineSignals(**mine)
+    return EngineSignals(running=stats.num_running_reqs, waiting=stats.num_waiting_reqs + stats.num_skipped_waiting_reqs,
+                         kv_usage=float(stats.kv_cache_usage), **mine)

@@ -156,6 +156,13 @@ class SimEngine:
         return len(self._waiting) + sum(1 for request in self.running if request.prefilling)
 
     @property
+    def unstarted_tokens(self) -> int:
+        """Their prompt tokens, each up to the prefill chunk (``long_prefill_token_threshold``, or the budget)."""
+        chunk = self.settings.long_prefill_token_threshold or self.settings.max_num_batched_tokens
+        return (sum(min(request.prompt_tokens, chunk) for _, request in self._waiting)
+                + sum(min(request.prompt_tokens, chunk) for request in self.running if request.prefilling))
+
+    @property
     def kv_usage(self) -> float:
         """The share of ``kv_tokens`` its running requests hold (0 when no size is given)."""
         held = sum(request.computed + request.generated for request in self.running)

@@ -36,7 +36,8 @@ class SimReplica(ReplicaBase):
         self._tokens: dict[str, asyncio.Queue[bool]] = {}
         self._wake = asyncio.Event()
         self._loop_task = asyncio.create_task(self._run_engine())
-        await self._join_fleet(settings.max_num_seqs, KV_TOKENS, publish_metrics=False)
+        await self._join_fleet(settings.max_num_seqs, KV_TOKENS, settings.max_num_batched_tokens,
+                               settings.long_prefill_token_threshold, publish_metrics=False)
 
     async def _run_engine(self) -> None:
         while True:
@@ -56,7 +57,8 @@ class SimReplica(ReplicaBase):
 
     def engine_signals(self) -> EngineSignals:
         """The simulated engine's state, as vLLM's scheduler stats would report it."""
-        return EngineSignals(unstarted=self._engine.unstarted, running=len(self._engine.running),
+        return EngineSignals(unstarted=self._engine.unstarted, unstarted_tokens=self._engine.unstarted_tokens,
+                             running=len(self._engine.running),
                              waiting=self._engine.waiting, kv_usage=self._engine.kv_usage,
                              received=self.tracker.received)
 

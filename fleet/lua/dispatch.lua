@@ -51,7 +51,10 @@ local function release(t)
     local r = redis.call("HMGET", key, "slots_total", "slots_free", "tokens_total", "tokens_free")
     redis.call("HSET", key, "slots_free", math.min(tonumber(r[1]), tonumber(r[2]) + 1),
       "tokens_free", math.min(tonumber(r[3]), tonumber(r[4]) + t.reserved))
-    if not t.acked then redis.call("HINCRBY", key, "in_flight", -1) end
+    if not t.acked then
+      redis.call("HINCRBY", key, "in_flight", -1)
+      redis.call("HINCRBY", key, "in_flight_tokens", -t.credit)
+    end
     index_replica(t.granted_to)
   end
   redis.call("HSET", k_ticket(t.id), "reserved", 0, "acked", 0)
@@ -109,12 +112,17 @@ end
 local function place(t, r)
   local reserved = math.min(t.cost, r.tokens_free)
   local key = k_replica(r.id)
+  local placed = redis.call("HMGET", key, "pool", "step_tokens", "prefill_chunk")
+  local chunk = tonumber(placed[3] or "0")
+  if chunk == 0 then chunk = tonumber(placed[2]) end
+  local credit = math.min(t.prompt, chunk)  -- the grant's share of a step, until acknowledged
   redis.call("HSET", key, "slots_free", r.slots_free - 1, "tokens_free", r.tokens_free - reserved)
   redis.call("HINCRBY", key, "in_flight", 1)
+  redis.call("HINCRBY", key, "in_flight_tokens", credit)
   index_replica(r.id)
-  local pool = redis.call("HGET", key, "pool") or "default"
+  local pool = placed[1] or "default"
   redis.call("HSET", k_ticket(t.id), "granted_to", r.id, "granted_pool", pool, "reserved", reserved,
-    "charged_band", t.band, "acked", 0)
+    "charged_band", t.band, "acked", 0, "credit", credit)
   redis.call("HINCRBY", K_STATS, "granted", 1)
   if t.owner ~= "" and t.id ~= INLINE_TICKET then  -- the caller of this step gets its own grant inline
     local message = cjson.encode({ticket_id = t.id, replica_id = r.id, band = t.band, tenant = t.tenant,

@@ -1,5 +1,5 @@
 -- Admit a ticket (or reject it: its tenant's rate limits, its band's limits), then dispatch.
--- PAYLOAD: {ticket_id, tenant, band, cost, weight, class, owner, flow, rpm, tpm} (rpm, tpm: the tenant's
+-- PAYLOAD: {ticket_id, tenant, band, cost, weight, class, owner, flow, prompt, rpm, tpm} (rpm, tpm: the tenant's
 -- limits, absent when unlimited). A repeat of an enqueue that went through answers "duplicate", with the
 -- ticket's grant if it has one (the retried caller never got the first reply).
 reap()
@@ -31,13 +31,14 @@ else
   end
   if not status then
     local fields = {"tenant", p.tenant, "band", p.band, "cost", p.cost, "weight", num(p.weight), "class", p.class,
-      "owner", p.owner, "granted_to", "", "reserved", 0, "charged_band", "", "flow", p.flow or ""}
+      "owner", p.owner, "granted_to", "", "reserved", 0, "charged_band", "", "flow", p.flow or "",
+      "prompt", p.prompt or p.cost}
     if p.rpm then fields[#fields + 1] = "rpm"; fields[#fields + 1] = p.rpm end
     if p.tpm then fields[#fields + 1] = "tpm"; fields[#fields + 1] = p.tpm end
     redis.call("HSET", k_ticket(p.ticket_id), unpack(fields))
     redis.call("ZADD", K_LEASES, NOW + CFG.lease_ms, p.ticket_id)
     local t = {id = p.ticket_id, tenant = p.tenant, cost = p.cost, band = p.band, flow = p.flow or "",
-      weight = tonumber(num(p.weight)), class = p.class, owner = p.owner}
+      weight = tonumber(num(p.weight)), class = p.class, owner = p.owner, prompt = p.prompt or p.cost}
     own_grant = grant_at_once(t)
     if not own_grant then push(t, p.band, false) end
     status = "admitted"

@@ -8,15 +8,17 @@
 -- classes. The replica hash keeps the values themselves.
 
 local PENDING_UNIT = 1048576  -- 2^20 > slots (< 2^19): scores order by pending work, then by free slots
+-- (pending tokens < 2^32, so a score stays an exact double)
 local function open_score(pending, slots_free) return pending * PENDING_UNIT - slots_free end
 
 local function replica_state(id)
   local f = redis.call("HMGET", k_replica(id), "slots_total", "slots_free", "tokens_total", "tokens_free",
-    "group", "in_flight", "unstarted", "kv", "fresh")
+    "group", "in_flight_tokens", "unstarted_tokens", "kv", "fresh", "step_tokens")
   if not f[1] then return nil end
   return {id = id, slots_total = tonumber(f[1]), slots_free = tonumber(f[2]), tokens_total = tonumber(f[3]),
-    tokens_free = tonumber(f[4]), group = f[5], in_flight = tonumber(f[6] or "0"),
-    unstarted = tonumber(f[7] or "0"), kv = tonumber(f[8] or "0"), fresh = f[9] == "1"}
+    tokens_free = tonumber(f[4]), group = f[5], in_flight_tokens = tonumber(f[6] or "0"),
+    unstarted_tokens = tonumber(f[7] or "0"), kv = tonumber(f[8] or "0"), fresh = f[9] == "1",
+    step_tokens = tonumber(f[10] or "2048")}
 end
 
 -- the replica is in the index of every band the gate leaves it open to, and in no other

@@ -1,11 +1,11 @@
 -- Register a replica's capacity, or renew its lease (a changed total shifts what is free), then dispatch.
 -- A new replica's signals start stale (the gate's concurrency cap) until its first report.
 -- PAYLOAD: {replica_id, slots_total, tokens_total, accepts: [class...], prefers: [class...],
---          guarded: [class...], pool, lease_ms}
+--          guarded: [class...], pool, step_tokens, prefill_chunk, lease_ms}
 reap()
 local p = PAYLOAD
-if p.slots_total >= 524288 or p.tokens_total >= TOKENS_LIMIT then
-  return redis.error_reply("replica capacity out of range: slots < 2^19 and tokens < 2^32")
+if p.slots_total >= 524288 or p.tokens_total >= TOKENS_LIMIT or p.step_tokens < 1 then
+  return redis.error_reply("replica capacity out of range: slots < 2^19, tokens < 2^32, step_tokens >= 1")
 end
 local key = k_replica(p.replica_id)
 local accepts = table.concat(p.accepts, ",")
@@ -23,11 +23,12 @@ if redis.call("EXISTS", key) == 1 then
     unindex_replica(p.replica_id, r[5])
   end
 else
-  redis.call("HSET", key, "in_flight", 0, "fresh", 0)
+  redis.call("HSET", key, "in_flight", 0, "in_flight_tokens", 0, "fresh", 0)
 end
 if joins_group then redis.call("HINCRBY", K_GROUPS, group, 1) end
 redis.call("HSET", key, "slots_total", p.slots_total, "tokens_total", p.tokens_total, "accepts", accepts,
-  "prefers", prefers, "pool", p.pool, "group", group, "slots_free", slots_free, "tokens_free", tokens_free)
+  "prefers", prefers, "pool", p.pool, "group", group, "slots_free", slots_free, "tokens_free", tokens_free,
+  "step_tokens", p.step_tokens, "prefill_chunk", p.prefill_chunk)
 index_replica(p.replica_id)
 redis.call("ZADD", K_REPLICAS, NOW + p.lease_ms, p.replica_id)
 return reply({grants = dispatch()})

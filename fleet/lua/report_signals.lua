@@ -2,22 +2,25 @@
 -- since its last report, whose in-flight credit ends here (the report counts them now). Then dispatch: a
 -- report is one of dispatch's triggers (a prefill done, a request finished). A replica the queue does not
 -- know (lease lapsed, deregistered) changes nothing.
--- PAYLOAD: {replica_id, unstarted, running, waiting, kv, received, acked: [ticket ids]}
+-- PAYLOAD: {replica_id, unstarted, unstarted_tokens, running, waiting, kv, received, acked: [ticket ids]}
 reap()
 local p = PAYLOAD
 local key = k_replica(p.replica_id)
 if redis.call("EXISTS", key) == 1 then
-  local acked = 0
+  local acked, acked_tokens = 0, 0
   for _, id in ipairs(p.acked) do
-    local f = redis.call("HMGET", k_ticket(id), "granted_to", "acked")
+    local f = redis.call("HMGET", k_ticket(id), "granted_to", "acked", "credit")
     if f[1] == p.replica_id and f[2] ~= "1" then
       redis.call("HSET", k_ticket(id), "acked", 1)
-      acked = acked + 1
+      acked, acked_tokens = acked + 1, acked_tokens + tonumber(f[3])
     end
   end
-  if acked > 0 then redis.call("HINCRBY", key, "in_flight", -acked) end
-  redis.call("HSET", key, "unstarted", p.unstarted, "running", p.running, "waiting", p.waiting, "kv", num(p.kv),
-    "received", p.received, "sig_at", NOW, "fresh", 1)
+  if acked > 0 then
+    redis.call("HINCRBY", key, "in_flight", -acked)
+    redis.call("HINCRBY", key, "in_flight_tokens", -acked_tokens)
+  end
+  redis.call("HSET", key, "unstarted", p.unstarted, "unstarted_tokens", p.unstarted_tokens, "running", p.running,
+    "waiting", p.waiting, "kv", num(p.kv), "received", p.received, "sig_at", NOW, "fresh", 1)
   redis.call("ZADD", K_SIGNALS, NOW, p.replica_id)
   index_replica(p.replica_id)
 end

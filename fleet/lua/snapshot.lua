@@ -19,7 +19,7 @@ local replicas = {}
 local ids = redis.call("ZRANGE", K_REPLICAS, 0, -1, "WITHSCORES")
 for i = 1, #ids, 2 do
   local r = redis.call("HMGET", k_replica(ids[i]), "accepts", "pool", "prefers", "running", "waiting",
-    "received", "sig_at")
+    "received", "sig_at", "in_flight", "unstarted")
   local state = replica_state(ids[i])
   local open = {}
   for _, band in ipairs(BANDS) do
@@ -28,8 +28,10 @@ for i = 1, #ids, 2 do
   replicas[#replicas + 1] = {replica_id = ids[i], expires_ms = tonumber(ids[i + 1]),
     slots_total = state.slots_total, slots_free = state.slots_free, tokens_total = state.tokens_total,
     tokens_free = state.tokens_free, accepts = r[1], pool = r[2], prefers = r[3],
-    fresh = state.fresh, pending = replica_pending(state), in_flight = state.in_flight,
-    unstarted = state.unstarted, running = tonumber(r[4] or "0"), waiting = tonumber(r[5] or "0"),
+    fresh = state.fresh, pending = replica_pending(state), in_flight = tonumber(r[8] or "0"),
+    in_flight_tokens = state.in_flight_tokens, unstarted = tonumber(r[9] or "0"),
+    unstarted_tokens = state.unstarted_tokens, step_tokens = state.step_tokens,
+    running = tonumber(r[4] or "0"), waiting = tonumber(r[5] or "0"),
     kv_usage = state.kv, received = tonumber(r[6] or "0"), signals_at_ms = tonumber(r[7] or "0"),
     open_bands = open}
 end

@@ -22,9 +22,10 @@ from policies.types import BandPolicy, EngineSignals, ReplicaCapacity
 
 pytestmark = pytest.mark.integration
 
-BANDS = (BandPolicy("top", max_unstarted=4, kv_ceiling=0.95), BandPolicy("mid", aging_ms=700, max_unstarted=2,
-         kv_ceiling=0.8), BandPolicy("low", aging_ms=0, max_unstarted=2, kv_ceiling=0.5),
-         BandPolicy("bulk", aging_ms=90, max_unstarted=1, kv_ceiling=0.5))
+BANDS = (BandPolicy("top", max_unstarted_steps=3.0, kv_ceiling=0.95),
+         BandPolicy("mid", aging_ms=700, max_unstarted_steps=2.0, kv_ceiling=0.8),
+         BandPolicy("low", aging_ms=0, max_unstarted_steps=2.0, kv_ceiling=0.5),
+         BandPolicy("bulk", aging_ms=90, max_unstarted_steps=1.0, kv_ceiling=0.5))
 PROBE = """
 local open = {}
 for _, p in ipairs(PAYLOAD.replicas) do
@@ -32,7 +33,8 @@ for _, p in ipairs(PAYLOAD.replicas) do
     table.concat(p.guarded, ",")
   redis.call("HSET", k_replica(p.id), "slots_total", p.slots_total, "tokens_total", p.tokens_total,
     "pool", p.pool, "group", group, "slots_free", p.slots_free, "tokens_free", p.tokens_free,
-    "in_flight", p.in_flight, "unstarted", p.unstarted, "kv", num(p.kv), "fresh", p.fresh and 1 or 0)
+    "in_flight_tokens", p.in_flight, "unstarted_tokens", p.unstarted, "kv", num(p.kv), "fresh", p.fresh and 1 or 0,
+    "step_tokens", p.step_tokens)
   redis.call("HINCRBY", K_GROUPS, group, 1)
   index_replica(p.id)
   local bands = {}
@@ -57,12 +59,13 @@ def _replica(rng: random.Random, index: int) -> ReplicaCapacity:
     accepts = rng.choice([frozenset({"short", "long"}), frozenset({"short"}), frozenset({"long"})])
     slots = rng.randint(1, 4)
     tokens = rng.choice([300, 600, 1500])
-    signals = EngineSignals(unstarted=rng.randint(0, 3), kv_usage=rng.choice([0.1, 0.5, 0.8, 0.97]))
+    signals = EngineSignals(unstarted_tokens=rng.choice([0, 0, 100, 300, 700]), kv_usage=rng.choice([0.1, 0.5, 0.8, 0.97]))
     preferred = frozenset(c for c in accepts if rng.random() < 0.4)
     return ReplicaCapacity(f"r{index}", slots, tokens, accepts=accepts, pool=rng.choice(["a", "b"]),
                            prefers=preferred, guarded=guarded_classes(accepts, preferred, ["short", "long"]),
                            slots_free=rng.randint(0, slots), tokens_free=rng.randint(0, tokens),
-                           signals=signals, fresh=rng.random() < 0.7, in_flight=rng.randint(0, 2))
+                           signals=signals, fresh=rng.random() < 0.7, in_flight_tokens=rng.choice([0, 0, 50, 200]),
+                           step_tokens=rng.choice([100, 250]))
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -77,7 +80,8 @@ def test_gate_placement_and_band_order_agree(redis_url: str, seed: int) -> None:
         {"id": r.replica_id, "slots_total": r.slots_total, "slots_free": r.slots_free, "tokens_total": r.tokens_total,
          "tokens_free": r.tokens_free, "accepts": sorted(r.accepts), "prefers": sorted(r.prefers), "pool": r.pool,
          "guarded": sorted(r.guarded),
-         "in_flight": r.in_flight, "unstarted": r.signals.unstarted, "kv": r.signals.kv_usage, "fresh": r.fresh}
+         "in_flight": r.in_flight_tokens, "unstarted": r.signals.unstarted_tokens, "kv": r.signals.kv_usage,
+         "fresh": r.fresh, "step_tokens": r.step_tokens}
         for r in replicas]}
     now = 1_000_000
     client = redis.Redis.from_url(redis_url)

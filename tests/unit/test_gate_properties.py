@@ -1,8 +1,9 @@
 """Properties of the gate and work-conserving placement (the reference; the Lua agrees decision for decision).
 
 * No grant to a saturated replica: a replica with current signals gets a band's ticket only while its
-  pending work (unstarted + in flight) is below the band's limit and its KV usage below the band's ceiling,
-  so after any call its pending work is at most the largest limit of the bands it was granted.
+  pending prompt tokens (unstarted + in flight) are below the band's steps of its budget and its KV usage
+  below the band's ceiling, so after any call its pending work is below the largest limit of the bands it
+  was granted plus one ticket.
 * Work conservation: after every call, no waiting ticket could be placed on any replica the gate leaves
   open to its band (dispatch stops only when nothing more fits).
 * A guarded class (longer than a replica's pool is built for) goes there only while the replica has nothing
@@ -26,17 +27,17 @@ from policies.types import BandPolicy, EngineSignals, ReplicaCapacity, TicketSpe
 
 LEASE = 10**12
 STALE_MS = 50
-BANDS = [BandPolicy("interactive", max_unstarted=4, kv_ceiling=0.95),
-         BandPolicy("standard", aging_ms=200, max_unstarted=2, kv_ceiling=0.85),
-         BandPolicy("batch", aging_ms=400, max_unstarted=2, kv_ceiling=0.7)]
+BANDS = [BandPolicy("interactive", max_unstarted_steps=3.0, kv_ceiling=0.95),
+         BandPolicy("standard", aging_ms=200, max_unstarted_steps=2.0, kv_ceiling=0.85),
+         BandPolicy("batch", aging_ms=400, max_unstarted_steps=1.5, kv_ceiling=0.7)]
 LIMITS = {band.name: band for band in BANDS}
 
 
 def _fleet() -> list[ReplicaCapacity]:
     latency = [ReplicaCapacity(f"lat{i}", 8, 5_000, frozenset({"short", "long"}), "latency", frozenset({"short"}),
-                               frozenset({"long"})) for i in range(2)]
+                               frozenset({"long"}), step_tokens=400) for i in range(2)]
     throughput = [ReplicaCapacity(f"thr{i}", 8, 5_000, frozenset({"short", "long"}), "throughput",
-                                  frozenset({"long"})) for i in range(2)]
+                                  frozenset({"long"}), step_tokens=1600) for i in range(2)]
     return latency + throughput
 
 
@@ -46,7 +47,7 @@ operations = st.lists(
     st.one_of(
         _enqueue, _enqueue, _enqueue,
         st.tuples(st.just("complete"), st.integers(0, 10**6)),
-        st.tuples(st.just("report"), st.integers(0, 3), st.integers(0, 5), st.sampled_from([0.1, 0.75, 0.9, 0.99]),
+        st.tuples(st.just("report"), st.integers(0, 3), st.integers(0, 3000), st.sampled_from([0.1, 0.75, 0.9, 0.99]),
                   st.booleans()),
         st.tuples(st.just("tick"), st.integers(1, 80)),
     ),
@@ -70,10 +71,10 @@ def _apply(scheduler: ReferenceScheduler, op: tuple, index: int, now: int) -> tu
     if op[0] == "complete" and granted:
         return scheduler.complete(granted[op[1] % len(granted)], 10, now).grants, now
     if op[0] == "report":
-        _, which, unstarted, kv, acknowledge = op
+        _, which, unstarted_tokens, kv, acknowledge = op
         replica = sorted(scheduler.replicas)[which]
         received = [tid for tid in granted if scheduler.tickets[tid].granted_to == replica] if acknowledge else []
-        signals = EngineSignals(unstarted=unstarted, kv_usage=kv)
+        signals = EngineSignals(unstarted_tokens=unstarted_tokens, kv_usage=kv)
         return scheduler.report_signals(replica, signals, received, now), now
     if op[0] == "tick":
         return scheduler.expire(now + op[1]), now + op[1]
@@ -95,14 +96,16 @@ def _run(ops, check) -> None:
 @given(ops=operations)
 def test_no_grant_to_a_saturated_replica(ops) -> None:
     def check(scheduler: ReferenceScheduler, grants, before) -> None:
-        by_replica: dict[str, list[str]] = {}
+        by_replica: dict[str, list] = {}
         for grant in grants:
-            by_replica.setdefault(grant.replica_id, []).append(grant.band)
-        for replica_id, bands in by_replica.items():
+            by_replica.setdefault(grant.replica_id, []).append(grant)
+        for replica_id, granted in by_replica.items():
             replica = scheduler.replicas[replica_id]
             if replica.fresh:
-                assert pending(replica) <= max(LIMITS[b].max_unstarted for b in bands), (replica, bands)
-                assert all(replica.signals.kv_usage < LIMITS[b].kv_ceiling for b in bands), (replica, bands)
+                limit = max(LIMITS[g.band].max_unstarted_steps for g in granted) * replica.step_tokens
+                largest = max(scheduler.tickets[g.ticket_id].spec.prefill_tokens for g in granted)
+                assert pending(replica) < limit + largest, (replica, granted)
+                assert all(replica.signals.kv_usage < LIMITS[g.band].kv_ceiling for g in granted), (replica, granted)
             assert replica.slots_free >= 0
 
     _run(ops, check)
@@ -121,16 +124,18 @@ def test_work_conserving_no_open_replica_idles_while_a_ticket_it_can_run_waits(o
 @given(ops=operations)
 def test_guarded_class_only_on_a_replica_with_nothing_pending(ops) -> None:
     def check(scheduler: ReferenceScheduler, grants, before) -> None:
-        # grants come last in a call, each adding one to its replica's pending work: a replica's k-th grant
-        # of the call met pending work of (pending after the call) - (its grants in the call) + k
-        count = Counter(grant.replica_id for grant in grants)
-        seen: Counter = Counter()
-        for grant in grants:
+        # grants come last in a call, each adding its work to its replica's pending work (its prompt tokens
+        # with current signals, its reserve with stale ones): a grant met pending work of (pending after the
+        # call) minus what it and the later grants to its replica added
+        def added(grant) -> int:
+            ticket = scheduler.tickets[grant.ticket_id]
+            return ticket.spec.prefill_tokens if scheduler.replicas[grant.replica_id].fresh else ticket.reserved_tokens
+
+        for index, grant in enumerate(grants):
             replica = scheduler.replicas[grant.replica_id]
-            length_class = scheduler.tickets[grant.ticket_id].spec.length_class
-            if length_class in replica.guarded:
-                assert pending(replica) - count[grant.replica_id] + seen[grant.replica_id] == 0, grants
-            seen[grant.replica_id] += 1
+            if scheduler.tickets[grant.ticket_id].spec.length_class in replica.guarded:
+                later = sum(added(g) for g in grants[index:] if g.replica_id == grant.replica_id)
+                assert pending(replica) - later == 0, grants
 
     _run(ops, check)
 
@@ -138,21 +143,21 @@ def test_guarded_class_only_on_a_replica_with_nothing_pending(ops) -> None:
 def test_late_reports_do_not_overshoot() -> None:
     """A burst arrives between two reports: the in-flight credit stops it at the limit, not at the slots."""
     scheduler = ReferenceScheduler(BANDS, signal_stale_ms=STALE_MS)
-    scheduler.register_replica(ReplicaCapacity("r", 64, 10**6), 0, LEASE)
+    scheduler.register_replica(ReplicaCapacity("r", 64, 10**6, step_tokens=100), 0, LEASE)
     scheduler.report_signals("r", EngineSignals(), [], 0)
-    granted = [g for i in range(20)
+    granted = [g for i in range(40)
                for g in scheduler.enqueue(TicketSpec(f"t{i}", "a", "interactive", 10), 1, LEASE).grants]
-    assert len(granted) == LIMITS["interactive"].max_unstarted
+    assert len(granted) == 30  # 3 steps of 100 tokens, 10 tokens each
     # the replica reports them received and one started: exactly one more goes
     received = [g.ticket_id for g in granted]
-    more = scheduler.report_signals("r", EngineSignals(unstarted=len(received) - 1), received, 2)
+    more = scheduler.report_signals("r", EngineSignals(unstarted_tokens=10 * (len(received) - 1)), received, 2)
     assert len(more) == 1
 
 
 def test_stale_signals_fall_back_to_the_concurrency_cap() -> None:
     scheduler = ReferenceScheduler(BANDS, signal_stale_ms=STALE_MS)
     scheduler.register_replica(ReplicaCapacity("r", 6, 10**6), 0, LEASE)
-    scheduler.report_signals("r", EngineSignals(unstarted=9, kv_usage=0.99), [], 0)  # saturated
+    scheduler.report_signals("r", EngineSignals(unstarted_tokens=10**5, kv_usage=0.99), [], 0)  # saturated
     assert scheduler.enqueue(TicketSpec("t0", "a", "interactive", 10), 10, LEASE).grants == []
     # no report for STALE_MS: dispatch continues, up to the replica's slots
     grants = scheduler.expire(STALE_MS)
@@ -164,10 +169,10 @@ def test_stale_signals_fall_back_to_the_concurrency_cap() -> None:
 
 def test_lower_bands_close_first_and_the_top_band_keeps_headroom() -> None:
     scheduler = ReferenceScheduler(BANDS, signal_stale_ms=STALE_MS)
-    scheduler.register_replica(ReplicaCapacity("r", 64, 10**6), 0, LEASE)
-    scheduler.report_signals("r", EngineSignals(unstarted=2, kv_usage=0.8), [], 0)
+    scheduler.register_replica(ReplicaCapacity("r", 64, 10**6, step_tokens=100), 0, LEASE)
+    scheduler.report_signals("r", EngineSignals(unstarted_tokens=200, kv_usage=0.8), [], 0)
     assert scheduler.enqueue(TicketSpec("b", "a", "batch", 10), 1, LEASE).grants == []  # kv 0.8 >= 0.7
-    assert scheduler.enqueue(TicketSpec("s", "a", "standard", 10), 1, LEASE).grants == []  # 2 pending >= 2
+    assert scheduler.enqueue(TicketSpec("s", "a", "standard", 10), 1, LEASE).grants == []  # 200 >= 2 steps
     assert [g.ticket_id for g in scheduler.enqueue(TicketSpec("i", "a", "interactive", 10), 1, LEASE).grants] == ["i"]
 
 
@@ -177,7 +182,7 @@ def test_a_long_prompt_uses_an_idle_latency_replica_one_at_a_time() -> None:
     for replica in (latency, throughput):
         scheduler.register_replica(replica, 0, LEASE)
     scheduler.report_signals(latency.replica_id, EngineSignals(), [], 0)
-    scheduler.report_signals(throughput.replica_id, EngineSignals(unstarted=2), [], 0)  # busy prefilling
+    scheduler.report_signals(throughput.replica_id, EngineSignals(unstarted_tokens=5000), [], 0)  # busy
     grants = [g for i in range(3) for g in scheduler.enqueue(TicketSpec(f"l{i}", "a", "batch", 500, 1.0, "long"),
                                                               1, LEASE).grants]
     assert [(g.ticket_id, g.replica_id) for g in grants] == [("l0", latency.replica_id)]

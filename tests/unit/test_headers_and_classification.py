@@ -102,7 +102,7 @@ def test_a_pool_takes_classes_longer_than_it_is_built_for_only_when_idle() -> No
                               guarded=frozenset({"long"}), pool="latency")
     band = BandPolicy("standard")
     assert choose_replica(open_replicas([latency], band), 3000, "long") is latency  # idle: it may
-    latency.slots_free = 3  # one grant pending (stale signals: every grant counts)
+    latency.slots_free, latency.tokens_free = 3, 7_000  # one grant held (stale signals: its reserve is pending)
     assert choose_replica(open_replicas([latency], band), 3000, "long") is None
     assert choose_replica(open_replicas([latency], band), 100, "short") is latency
 

@@ -50,15 +50,15 @@ class _GapTracker:
 
 def _replay(specs_by_step: dict[int, list[TicketSpec]], slots: int, on_grant, gate: int = 0) -> None:
     """One replica of ``slots`` slots; every grant runs for one step, so bursts leave tenants backlogged.
-    With ``gate`` > 0 the replica reports its engine every step, and the band lets it hold ``gate``
-    unstarted requests at most (its grants of a step start the next one).
+    With ``gate`` > 0 the replica reports its engine every step, and the band lets it hold ``gate`` steps of
+    100 tokens unstarted (its grants of a step start the next one).
 
     ``on_grant(spec, waiting_before, waiting_after)`` hears every grant in order, with the tickets that were
     waiting just before it (those still waiting after the call, plus the ones the same call granted from it
     on) and just after it.
     """
-    scheduler = ReferenceScheduler([BandPolicy("only", max_unstarted=gate or 4)], signal_stale_ms=LEASE)
-    scheduler.register_replica(ReplicaCapacity("r", slots_total=slots, tokens_total=10**9), 0, LEASE)
+    scheduler = ReferenceScheduler([BandPolicy("only", max_unstarted_steps=gate or 4)], signal_stale_ms=LEASE)
+    scheduler.register_replica(ReplicaCapacity("r", slots_total=slots, tokens_total=10**9, step_tokens=100), 0, LEASE)
     tenants = sorted({spec.tenant for specs in specs_by_step.values() for spec in specs})
 
     def granted(grants) -> list[str]:
@@ -77,7 +77,9 @@ def _replay(specs_by_step: dict[int, list[TicketSpec]], slots: int, on_grant, ga
         for spec in specs_by_step.get(step, []):
             started += granted(scheduler.enqueue(spec, step, LEASE)[1])
         if gate:  # what was granted this step has not started yet
-            started += granted(scheduler.report_signals("r", EngineSignals(unstarted=len(started)), started, step))
+            tokens = sum(scheduler.tickets[t].spec.prefill_tokens for t in started)
+            signals = EngineSignals(unstarted=len(started), unstarted_tokens=tokens)
+            started += granted(scheduler.report_signals("r", signals, started, step))
         running = started
         step += 1
 
@@ -136,9 +138,9 @@ def test_flows_share_their_tenant_fairly_without_changing_the_tenant_bound(arriv
     _replay(by_step, slots, on_grant)
 
 
-BANDS = [BandPolicy("high", max_unstarted=3, kv_ceiling=0.95), BandPolicy("mid", aging_ms=50, max_unstarted=2,
-                                                                        kv_ceiling=0.8),
-         BandPolicy("low", aging_ms=80, max_unstarted=1, kv_ceiling=0.6)]
+BANDS = [BandPolicy("high", max_unstarted_steps=3.0, kv_ceiling=0.95),
+         BandPolicy("mid", aging_ms=50, max_unstarted_steps=2.0, kv_ceiling=0.8),
+         BandPolicy("low", aging_ms=80, max_unstarted_steps=1.0, kv_ceiling=0.6)]
 STALE_MS = 40
 RANK = {band.name: index for index, band in enumerate(BANDS)}
 AGING = {band.name: band.aging_ms for band in BANDS}
@@ -200,7 +202,8 @@ def _run(ops, replicas: list[ReplicaCapacity], on_grants) -> None:
         elif op[0] == "report":  # a replica reports its engine and acknowledges what it was granted
             replica = replicas[op[1] % len(replicas)].replica_id
             received = [tid for tid in granted_ids if scheduler.tickets[tid].granted_to == replica]
-            grants = scheduler.report_signals(replica, EngineSignals(unstarted=op[2], kv_usage=op[3]), received, now)
+            signals = EngineSignals(unstarted=op[2], unstarted_tokens=op[2] * 1500, kv_usage=op[3])
+            grants = scheduler.report_signals(replica, signals, received, now)
         on_grants(scheduler, grants, arrived, now, requeued)
         _check_capacity(scheduler)
 
