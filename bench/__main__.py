@@ -93,18 +93,35 @@ def ratios(results: dict[str, Any]) -> list[str]:
             "long-prompts", "gateway", "interactive", key)
         if base and ours:
             lines.append(f"long-prompts: streams' {what} baseline / gateway = {base / ours:.1f}x")
+    base, ours = figure("overload", "baseline", "batch", "ttft_p99_s"), figure("overload", "gateway", "batch", "ttft_p99_s")
+    if base and ours:
+        lines.append(f"overload: batch P99 TTFT gateway / baseline = {ours:.1f} s / {base:.1f} s = {ours / base:.2f}x")
     for system in SYSTEMS:
         fair = results["scenarios"].get("burst", {}).get("systems", {}).get(system, {}).get("fairness")
-        steady = figure("burst", system, "standard", "ttft_p99_s")
-        if fair and fair["jain_min"] is not None:
-            lines.append(f"burst, {system}: Jain min {fair['jain_min']:.2f}, mean {fair['jain_mean']:.2f}, largest "
-                         f"weighted service gap {fair['max_weighted_gap_tokens']:.0f} tokens, standard P99 TTFT "
-                         f"{steady:.2f} s")
+        steady = _tenants_p99(results, "burst", system, ("steady-a", "steady-b"))
+        if fair and steady is not None:
+            jain = "–" if fair["jain_min"] is None else f"{fair['jain_min']:.2f}"
+            least = "–" if fair.get("fair_share_min") is None else f"{fair['fair_share_min']:.2f}"
+            lines.append(f"burst, {system}: steady tenants' P99 TTFT {steady:.2f} s; Jain min {jain} against fair "
+                         f"shares over {fair['windows_compared']} backlogged windows, least fair share {least}")
+    base = _tenants_p99(results, "burst", "baseline", ("steady-a", "steady-b"))
+    ours = _tenants_p99(results, "burst", "gateway", ("steady-a", "steady-b"))
+    if base and ours:
+        lines.append(f"burst: steady tenants' P99 TTFT gateway / baseline = {ours / base:.2f}")
     base, ours = (figure("steady", "baseline", "interactive", "ttft_p50_s"),
                   figure("steady", "gateway", "interactive", "ttft_p50_s"))
     if base is not None and ours is not None:
-        lines.append(f"steady: interactive P50 TTFT gateway - baseline = {(ours - base) * 1000:+.1f} ms")
+        lines.append(f"steady: interactive P50 TTFT gateway - baseline = {(ours - base) * 1000:+.1f} ms "
+                     f"({ours / base:.2f}x)")
     return lines
+
+
+def _tenants_p99(results: dict[str, Any], scenario: str, system: str, tenants: tuple[str, ...]) -> float | None:
+    """The worst P99 TTFT of the named tenants in one run."""
+    summary = results["scenarios"].get(scenario, {}).get("systems", {}).get(system)
+    values = [summary["tenants"][t]["ttft_p99_s"] for t in tenants
+              if summary and t in summary["tenants"] and summary["tenants"][t]["ttft_p99_s"] is not None]
+    return max(values) if values else None
 
 
 def main(argv: list[str] | None = None) -> int:

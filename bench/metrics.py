@@ -7,11 +7,22 @@ are computed the same way for all of them:
   stream's longest gap (the stall a reader sees; a P99 over all gaps hides rare long stalls), P50/P99
   end-to-end;
 * goodput: requests per second that finished within their band's TTFT objective and the TPOT objective;
+* where the wait is, where known: before the replica (the global queue, or Serve's router holding it at
+  the caller) and in the engine's own queue (reached the replica, not yet scheduled: vLLM's
+  ``request_queue_time``), P50 and P99 each;
 * rejections (any non-200) by status;
-* fairness, over the requests that were served: Jain's index of weighted service (tokens / weight) over
-  fixed windows, counting only tenants with work waiting in the window, and the largest weighted service
+* fairness, over the requests that were served: Jain's index over fixed windows, counting only tenants with
+  work waiting throughout the window, of each one's weighted service (tokens / weight) against its max-min
+  fair share (the window's service water-filled over the tenants' demands, demand being what a tenant was
+  served plus what it still had waiting at the window's end: a tenant served all it asked for has had its
+  share, however small); the least any such tenant got of its fair share (Jain's index is lenient with two
+  or three tenants: 0.62 and 1.05 of their shares still score 0.94); the plain Jain's index of weighted
+  service beside them; and the largest weighted service
   gap: the largest difference in weighted service between two tenants over any stretch both had work
   waiting throughout (VTC's bound says it stays within about twice the largest weighted request cost).
+  Work waits from its send until an engine first schedules it, where that is known (the simulator), else
+  until its first token: a request being prefilled is being served, and a tenant whose every request is
+  served at once is not backlogged, however many it sends.
 """
 
 from __future__ import annotations
@@ -87,6 +98,9 @@ def latency_summary(records: list[RequestRecord], slo: Slo, span_s: float) -> di
     ttfts = [r.ttft_s for r in served]
     gaps = [gap for r in served for gap in r.gaps_s()]
     e2e = [r.end_s - r.send_s for r in served]
+    before = [r.dispatched_s - r.send_s for r in served if r.dispatched_s is not None]
+    in_engine = [r.engine_start_s - r.dispatched_s for r in served
+                 if r.engine_start_s is not None and r.dispatched_s is not None]
     good = [r for r in served if r.ttft_s <= slo.ttft_s.get(r.band, math.inf)
             and (r.tpot_s() or 0.0) <= slo.tpot_s]
     rejected: dict[str, int] = defaultdict(int)
@@ -99,6 +113,8 @@ def latency_summary(records: list[RequestRecord], slo: Slo, span_s: float) -> di
         "itl_p50_s": percentile(gaps, 50), "itl_p99_s": percentile(gaps, 99),
         "stall_p99_s": percentile([max(r.gaps_s()) for r in served if len(r.token_s) > 1], 99),
         "e2e_p50_s": percentile(e2e, 50), "e2e_p99_s": percentile(e2e, 99),
+        "queue_p50_s": percentile(before, 50), "queue_p99_s": percentile(before, 99),
+        "engine_queue_p50_s": percentile(in_engine, 50), "engine_queue_p99_s": percentile(in_engine, 99),
         "goodput_rps": len(good) / span_s if span_s > 0 else 0.0,
         "slo_attainment": len(good) / len(records) if records else None,
         "rejected": dict(rejected),
@@ -121,7 +137,7 @@ def _waiting_intervals(records: Iterable[RequestRecord]) -> dict[str, list[tuple
     """Per tenant, when it had a request sent but not yet started (merged intervals)."""
     spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for r in records:
-        start = r.first_token_s if r.first_token_s is not None else (r.end_s or r.send_s)
+        start = next((t for t in (r.engine_start_s, r.first_token_s, r.end_s) if t is not None), r.send_s)
         if start > r.send_s:
             spans[r.tenant].append((r.send_s, start))
     merged: dict[str, list[tuple[float, float]]] = {}
@@ -141,8 +157,41 @@ def _covered(intervals: list[tuple[float, float]], a: float, b: float) -> bool:
     return any(x <= a and b <= y for x, y in intervals)
 
 
+def _jain(xs: list[float]) -> float:
+    return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs))
+
+
+def fair_shares(demands: list[float], capacity: float) -> list[float]:
+    """Max-min fair shares of ``capacity`` (water-filling): no one gets more than its demand, and what one
+    does not use goes to the others equally."""
+    shares = [0.0] * len(demands)
+    left, open_ = capacity, sorted(range(len(demands)), key=lambda i: demands[i])
+    while open_:
+        level = left / len(open_)
+        i = open_[0]
+        if demands[i] > level:
+            for j in open_:
+                shares[j] = level
+            break
+        shares[i] = demands[i]
+        left -= demands[i]
+        open_.pop(0)
+    return shares
+
+
+def _waiting_at(records: Iterable[RequestRecord], t: float) -> dict[str, float]:
+    """Weighted tokens per tenant of the requests sent by ``t`` and not yet started then."""
+    waiting: dict[str, float] = defaultdict(float)
+    for r in records:
+        start = next((x for x in (r.engine_start_s, r.first_token_s, r.end_s) if x is not None), r.send_s)
+        if r.send_s <= t < start:
+            waiting[r.tenant] += (r.prompt_tokens + r.output_tokens) / r.weight
+    return waiting
+
+
 def fairness(records: list[RequestRecord], window_s: float, span_s: float) -> dict:
-    """Jain's index over windows (backlogged tenants only) and the largest weighted service gap."""
+    """Jain's index over windows (backlogged tenants only), against fair shares and plain, and the largest
+    weighted service gap."""
     events = service_events(records)
     waiting = _waiting_intervals(records)
     tenants = sorted(events)
@@ -151,16 +200,20 @@ def fairness(records: list[RequestRecord], window_s: float, span_s: float) -> di
     for i, tenant in enumerate(tenants):
         for t, amount in events[tenant]:
             per_window[min(windows - 1, int(t / window_s))][i] += amount
-    indices = []
+    indices, plain, least = [], [], []
     gap = 0.0
     for w, served in enumerate(per_window):
         a, b = w * window_s, (w + 1) * window_s
         backlogged = [i for i, tenant in enumerate(tenants) if _covered(waiting.get(tenant, []), a, b)]
         if len(backlogged) >= 2:
             xs = [served[i] for i in backlogged]
-            total = sum(xs)
-            if total > 0:
-                indices.append(total ** 2 / (len(xs) * sum(x * x for x in xs)))
+            if sum(xs) > 0:
+                left = _waiting_at(records, b)
+                shares = fair_shares([served[i] + left.get(tenants[i], 0.0) for i in backlogged], sum(xs))
+                ratios = [x / share for x, share in zip(xs, shares) if share > 0]
+                indices.append(_jain(ratios))
+                least.append(min(ratios))
+                plain.append(_jain(xs))
     # largest gap: over runs of consecutive windows where a pair stayed backlogged, the extreme of the
     # running difference of their weighted service
     for i in range(len(tenants)):
@@ -177,6 +230,8 @@ def fairness(records: list[RequestRecord], window_s: float, span_s: float) -> di
     return {
         "jain_min": min(indices) if indices else None,
         "jain_mean": sum(indices) / len(indices) if indices else None,
+        "fair_share_min": min(least) if least else None,
+        "jain_plain_min": min(plain) if plain else None,
         "windows_compared": len(indices),
         "max_weighted_gap_tokens": gap,
     }

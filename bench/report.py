@@ -39,15 +39,17 @@ def markdown(results: dict[str, Any]) -> str:
     for name, scenario in results["scenarios"].items():
         lines += [f"## {name}", "", scenario["description"].strip(), "",
                   f"{scenario['requests']} requests over {scenario['duration_s']:.0f} s.", ""]
-        headers = ["system"] + [c[0] for c in COLUMNS] + ["rejected", "Jain min", "max weighted gap (tok)"]
+        headers = ["system"] + [c[0] for c in COLUMNS] + ["rejected", "Jain min (fair shares)",
+                                                         "least fair share", "Jain min (plain)"]
         lines += ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
         for system, summary in scenario["systems"].items():
             fair = summary["fairness"]
             rejected = sum(summary["overall"]["rejected"].values())
-            row = [system] + [_cell(summary, *c[1:]) for c in COLUMNS] + [
-                str(rejected), "–" if fair["jain_min"] is None else f"{fair['jain_min']:.2f}",
-                f"{fair['max_weighted_gap_tokens']:.0f}"]
+            row = [system] + [_cell(summary, *c[1:]) for c in COLUMNS] + [str(rejected)] + [
+                "–" if fair.get(key) is None else f"{fair[key]:.2f}"
+                for key in ("jain_min", "fair_share_min", "jain_plain_min")]
             lines.append("| " + " | ".join(row) + " |")
+        lines += _wait_table(scenario)
         tenants = sorted({t for summary in scenario["systems"].values() for t in summary["tenants"]})
         lines += ["", "TTFT p50 / p99 (s) per tenant:", "",
                   "| system | " + " | ".join(tenants) + " |", "|" + "---|" * (len(tenants) + 1)]
@@ -63,6 +65,25 @@ def markdown(results: dict[str, Any]) -> str:
     if results.get("ratios"):
         lines += ["## Ratios", ""] + [f"- {line}" for line in results["ratios"]] + [""]
     return "\n".join(lines)
+
+
+def _wait_table(scenario: dict) -> list[str]:
+    """Where each band's wait was: before the replica, and in the engine's own queue (when measured)."""
+    bands = sorted({b for summary in scenario["systems"].values() for b in summary["bands"]},
+                   key=lambda b: {"interactive": 0, "standard": 1, "batch": 2}.get(b, 3))
+    rows = []
+    for system, summary in scenario["systems"].items():
+        cells = []
+        for band in bands:
+            group = summary["bands"].get(band) or {}
+            values = [group.get(k) for k in ("queue_p50_s", "queue_p99_s", "engine_queue_p50_s", "engine_queue_p99_s")]
+            cells.append("–" if values[0] is None else " / ".join("–" if v is None else f"{v:.2f}" for v in values))
+        rows.append(f"| {system} | " + " | ".join(cells) + " |")
+    if all(set(row.split(" | ")[1:]) <= {"–", "– |"} for row in rows):
+        return []
+    return ["", "Where the wait is, P50 / P99 before the replica (global queue or router) / P50 / P99 in the "
+            "engine's own queue (s):", "", "| system | " + " | ".join(bands) + " |", "|" + "---|" * (len(bands) + 1),
+            *rows]
 
 
 def plots(out_dir: Path, name: str, records: dict[str, list[RequestRecord]]) -> list[Path]:
