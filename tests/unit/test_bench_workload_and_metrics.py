@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.metrics import RequestRecord, fairness, percentile, summarise
+from bench.metrics import RequestRecord, fair_shares, fairness, percentile, summarise
 from bench.workload import Scenario, generate
 
 SCENARIOS = sorted((Path(__file__).parents[2] / "bench" / "scenarios").glob("*.yaml"))
@@ -55,6 +55,21 @@ def test_fairness_sees_an_even_and_an_uneven_share() -> None:
     assert result["jain_min"] == pytest.approx(0.5)  # b got nothing while waiting
     # windows [0,2) .. [6,8) have both waiting throughout: a got 2 requests x 10 tokens in each, b none
     assert result["max_weighted_gap_tokens"] == pytest.approx(80)
+
+
+def test_fair_shares_give_what_is_asked_and_split_the_rest() -> None:
+    assert fair_shares([1.0, 10.0, 10.0], 15.0) == [1.0, 7.0, 7.0]
+    assert fair_shares([3.0, 3.0], 10.0) == [3.0, 3.0]  # both satisfied: capacity left over
+
+
+def test_a_tenant_served_all_it_asked_has_had_its_share() -> None:
+    # "b" always has one request waiting (each waits 0.9 s), but is served all it sends; "a" is served more
+    a = [_record("a", 0.0, [s / 2 + 0.5], prompt=99) for s in range(20)]
+    b = [_record("b", s / 2, [s / 2 + 0.9]) for s in range(20)]
+    result = fairness(a + b, window_s=2.0, span_s=10.5)
+    assert result["jain_plain_min"] < 0.7  # plain Jain calls it unfair
+    # only what "b" still had waiting at a window's end counts as unmet: one or two requests in flight
+    assert result["jain_min"] > 0.9 and result["fair_share_min"] > 0.6
 
 
 def test_summary_counts_goodput_and_rejections() -> None:
