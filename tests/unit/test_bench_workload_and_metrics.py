@@ -69,7 +69,7 @@ def test_a_tenant_served_all_it_asked_has_had_its_share() -> None:
     result = fairness(a + b, window_s=2.0, span_s=10.5)
     assert result["jain_plain_min"] < 0.7  # plain Jain calls it unfair
     # only what "b" still had waiting at a window's end counts as unmet: one or two requests in flight
-    assert result["jain_min"] > 0.9 and result["fair_share_min"] > 0.6
+    assert result["jain_min"] > 0.9 and result["fair_share_min"] >= 0.6
 
 
 def test_summary_counts_goodput_and_rejections() -> None:
