@@ -43,6 +43,8 @@ class BandState(BaseModel):
     tenants: Annotated[dict[str, TenantWaiting], BeforeValidator(_as_map)] = Field(default_factory=dict)
     queued: int = 0
     queued_tokens: int = 0
+    max_unstarted_steps: float = 0.0
+    kv_ceiling: float = 0.0
 
 
 class ReplicaState(BaseModel):

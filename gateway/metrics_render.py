@@ -55,16 +55,43 @@ def queue_families(snapshot: QueueSnapshot, tenant_labels: bool = True) -> list[
                           ("kv_tokens", "KV-cache tokens the replica registered."),
                           ("kv_tokens_reserved", "KV-cache tokens reserved by granted requests."))
     }
+    signals = {
+        name: GaugeMetricFamily(f"fleetgate_replica_{name}", doc, labels=["replica", "pool"])
+        for name, doc in (("pending_tokens", "What the gate counts: prompt tokens not started (reported + in flight; "
+                                             "with stale signals, the tokens its grants reserve)."),
+                          ("gate_limit_tokens", "The top band's pending limit on this replica (max_unstarted_steps "
+                                                "x its step budget)."),
+                          ("unstarted", "Requests the replica reported not started (in transit, waiting, prefilling)."),
+                          ("in_flight", "Grants made to the replica that it has not acknowledged yet."),
+                          ("engine_running", "Running requests its engine last reported."),
+                          ("engine_waiting", "Waiting requests its engine last reported."),
+                          ("engine_kv_usage", "KV-cache usage its engine last reported (0-1)."),
+                          ("signals_fresh", "1 while its engine signals are current, 0 when stale (concurrency cap)."),
+                          ("signal_age_seconds", "Time since its last engine report."))
+    }
+    gate_open = GaugeMetricFamily("fleetgate_replica_gate_open", "1 when the gate lets the band's tickets onto the "
+                                  "replica now, 0 when it is closed to them.", labels=["replica", "pool", "band"])
+    top = snapshot.bands[0] if snapshot.bands else None
     for replica in snapshot.replicas:
         key = [replica.replica_id, replica.pool]
         replica_gauges["slots"].add_metric(key, replica.slots_total)
         replica_gauges["slots_in_use"].add_metric(key, replica.slots_total - replica.slots_free)
         replica_gauges["kv_tokens"].add_metric(key, replica.tokens_total)
         replica_gauges["kv_tokens_reserved"].add_metric(key, replica.tokens_total - replica.tokens_free)
+        values = {"pending_tokens": replica.pending, "unstarted": replica.unstarted, "in_flight": replica.in_flight,
+                  "engine_running": replica.running, "engine_waiting": replica.waiting,
+                  "engine_kv_usage": replica.kv_usage, "signals_fresh": int(replica.fresh),
+                  "gate_limit_tokens": top.max_unstarted_steps * replica.step_tokens if top else 0,
+                  "signal_age_seconds": max(0, snapshot.now_ms - replica.signals_at_ms) / 1000
+                  if replica.signals_at_ms else float("nan")}
+        for name, value in values.items():
+            signals[name].add_metric(key, value)
+        for band in snapshot.bands:
+            gate_open.add_metric(key + [band.name], int(band.name in replica.open_bands))
     events = Metric("fleetgate_queue_events", "Global queue events since the queue began (all gateways).", "counter")
     for event, count in sorted(snapshot.stats.items()):
         events.add_sample("fleetgate_queue_events_total", {"event": event.replace(":", "_")}, count)
-    return [depth, tokens, band_depth, *replica_gauges.values(), events]
+    return [depth, tokens, band_depth, *replica_gauges.values(), *signals.values(), gate_open, events]
 
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from fleet.snapshot import QueueSnapshot
+from fleet.snapshot import QueueSnapshot, ReplicaState
 
 
 def render_status(snapshot: QueueSnapshot, namespace: str, redis_url: str, sources: list[str]) -> str:
@@ -13,8 +13,9 @@ def render_status(snapshot: QueueSnapshot, namespace: str, redis_url: str, sourc
     now = datetime.datetime.fromtimestamp(snapshot.now_ms / 1000, datetime.UTC)
     lines = [f"fleetgate status  namespace={namespace}  redis={redis_url}  {now:%Y-%m-%d %H:%M:%S} UTC", ""]
     lines += _table(
-        ["BAND", "QUEUED", "QUEUED TOKENS", "WAITING TENANTS"],
-        [[band.name, band.queued, band.queued_tokens, len(band.tenants)] for band in snapshot.bands],
+        ["BAND", "QUEUED (HELD)", "QUEUED TOKENS", "WAITING TENANTS", "GATE"],
+        [[band.name, band.queued, band.queued_tokens, len(band.tenants),
+          f"<{band.max_unstarted_steps:g} steps, kv<{band.kv_ceiling:g}"] for band in snapshot.bands],
     )
     tenant_rows = []
     for band in snapshot.bands:
@@ -23,16 +24,11 @@ def render_status(snapshot: QueueSnapshot, namespace: str, redis_url: str, sourc
                                 f"{band.counters.get(tenant, 0):.0f}"])
     lines += [""] + (_table(["TENANT", "BAND", "QUEUED", "QUEUED TOKENS", "VTC"], tenant_rows)
                      if tenant_rows else ["no tenant is waiting"])
-    replica_rows = []
-    for replica in snapshot.replicas:
-        used = replica.slots_total - replica.slots_free
-        reserved = replica.tokens_total - replica.tokens_free
-        lease_s = (replica.expires_ms - snapshot.now_ms) / 1000
-        replica_rows.append([replica.replica_id, replica.pool, f"{used}/{replica.slots_total}",
-                             f"{reserved}/{replica.tokens_total}", ",".join(replica.accepts),
-                             ",".join(replica.prefers) or "-", f"{lease_s:.1f}s"])
-    lines += [""] + (_table(["REPLICA", "POOL", "SLOTS USED", "KV TOKENS RESERVED", "ACCEPTS", "PREFERS", "LEASE"],
-                            replica_rows) if replica_rows else ["no replica registered"])
+    bands = [band.name for band in snapshot.bands]
+    replica_rows = [_replica_row(replica, snapshot.now_ms, bands) for replica in snapshot.replicas]
+    lines += [""] + (_table(["REPLICA", "POOL", "SLOTS USED", "PENDING/STEP", "UNSTARTED", "RUNNING", "WAITING",
+                             "KV", "SIGNALS", "OPEN TO", "ACCEPTS", "PREFERS", "LEASE"], replica_rows)
+                     if replica_rows else ["no replica registered"])
     gateways = [s.split(":", 1)[1] for s in sources if s.startswith("gateway:")]
     lines += ["", f"gateways publishing: {len(gateways)}" + (f" ({', '.join(gateways)})" if gateways else "")]
     lines.append(f"tickets: {snapshot.tickets}  " +
@@ -40,8 +36,22 @@ def render_status(snapshot: QueueSnapshot, namespace: str, redis_url: str, sourc
     return "\n".join(lines)
 
 
+def _replica_row(replica: ReplicaState, now_ms: int, bands: list[str]) -> list[Any]:
+    """One replica: its capacity, its engine's last report, and which bands the gate lets onto it."""
+    lease_s = (replica.expires_ms - now_ms) / 1000
+    if replica.fresh:
+        signals = f"{(now_ms - replica.signals_at_ms) / 1000:.1f}s ago"
+    else:
+        signals = "stale (slot cap)" if replica.signals_at_ms else "none (slot cap)"
+    opened = replica.open_bands
+    open_to = "all" if opened == bands else ("none: gated" if not opened else ",".join(opened))
+    return [replica.replica_id, replica.pool, f"{replica.slots_total - replica.slots_free}/{replica.slots_total}",
+            f"{replica.pending}/{replica.step_tokens}", f"{replica.unstarted}+{replica.in_flight} in flight",
+            replica.running, replica.waiting, f"{replica.kv_usage:.2f}", signals, open_to,
+            ",".join(replica.accepts), ",".join(replica.prefers) or "-", f"{lease_s:.1f}s"]
+
+
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     cells = [header] + [[str(cell) for cell in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells]
-

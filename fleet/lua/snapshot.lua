@@ -12,6 +12,7 @@ for _, band in ipairs(BANDS) do
       queued_tokens = tonumber(redis.call("HGET", k_tenant_tokens(band.name), depth[i]) or "0")}
   end
   bands[#bands + 1] = {name = band.name, counters = counters, active = active, tenants = tenants,
+    max_unstarted_steps = band.max_unstarted_steps, kv_ceiling = band.kv_ceiling,
     queued = tonumber(redis.call("HGET", K_QN, band.name) or "0"),
     queued_tokens = tonumber(redis.call("HGET", K_QT, band.name) or "0")}
 end

@@ -42,19 +42,28 @@ def test_check_validates_against_the_configs_bands(tmp_path: Path, capsys: pytes
     assert "urgent" in capsys.readouterr().err
 
 
-def test_status_view_shows_bands_tenants_replicas_and_gateways() -> None:
+def test_status_view_shows_bands_tenants_replicas_gates_and_gateways() -> None:
     snapshot = QueueSnapshot.model_validate({
         "now_ms": 1_000_000,
-        "bands": [{"name": "interactive", "queued": 0, "queued_tokens": 0, "tenants": {}, "counters": {}},
-                  {"name": "batch", "queued": 3, "queued_tokens": 900,
+        "bands": [{"name": "interactive", "queued": 0, "queued_tokens": 0, "tenants": {}, "counters": {},
+                   "max_unstarted_steps": 3, "kv_ceiling": 0.95},
+                  {"name": "batch", "queued": 3, "queued_tokens": 900, "max_unstarted_steps": 1.5, "kv_ceiling": 0.8,
                    "tenants": {"etl": {"queued": 3, "queued_tokens": 900}}, "counters": {"etl": "1200"}}],
         "replicas": [{"replica_id": "r1", "pool": "throughput", "slots_total": 4, "slots_free": 1,
                       "tokens_total": 1000, "tokens_free": 400, "accepts": "long,short", "prefers": "long",
-                      "expires_ms": 1_004_000}],
+                      "expires_ms": 1_004_000},
+                     {"replica_id": "r2", "pool": "latency", "slots_total": 32, "slots_free": 30, "tokens_total": 10**5,
+                      "tokens_free": 10**5, "accepts": "short", "prefers": "short", "expires_ms": 1_004_000,
+                      "fresh": True, "pending": 700, "step_tokens": 512, "unstarted": 2, "in_flight": 1,
+                      "running": 5, "waiting": 1, "kv_usage": 0.42, "signals_at_ms": 999_800,
+                      "open_bands": ["interactive"]}],
         "stats": {"granted": 10, "completed": 7}, "tickets": 6,
     })
     view = render_status(snapshot, "local", "redis://127.0.0.1:6399/0", ["gateway:gw-a", "replica:r1"])
-    assert "etl" in view and "3/4" in view and "600/1000" in view and "throughput" in view
+    assert "etl" in view and "3/4" in view and "throughput" in view and "<1.5 steps, kv<0.8" in view
+    r1, r2 = (next(line for line in view.splitlines() if line.startswith(r)) for r in ("r1 ", "r2 "))
+    assert "none (slot cap)" in r1 and "600/2048" not in r1  # no signals yet: the concurrency cap
+    assert all(cell in r2 for cell in ("700/512", "2+1 in flight", "0.42", "0.2s ago", "interactive"))
     assert "gateways publishing: 1 (gw-a)" in view and "granted=10" in view
 
 
