@@ -50,8 +50,10 @@ def served_by_tenant(redis_url: str, namespace: str = "local") -> Counter[str]:
 
 
 def _quiet(state: QueueSnapshot, expected_replicas: int) -> bool:
-    # a replica whose heartbeat was late on a loaded machine re-registers within a third of its lease
-    return state.tickets == 0 and len(state.replicas) == expected_replicas and all(r.idle for r in state.replicas)
+    # a replica whose heartbeat was late on a loaded machine re-registers within a third of its lease; no
+    # grant is left in flight (every one was acknowledged or ended)
+    return state.tickets == 0 and len(state.replicas) == expected_replicas and all(
+        r.idle and r.in_flight == 0 and r.in_flight_tokens == 0 for r in state.replicas)
 
 
 def assert_ledger_balanced(redis_url: str, replicas: int, *, namespace: str = "local",
@@ -59,7 +61,7 @@ def assert_ledger_balanced(redis_url: str, replicas: int, *, namespace: str = "l
                            client_served: Mapping[str, int] | None = None, leases_may_expire: bool = False,
                            timeout_s: float = 30) -> QueueSnapshot:
     """Wait (bounded) until the queue is quiet (no ticket, every replica registered with all its capacity
-    free), then check the ledger; returns the final snapshot.
+    free and no grant in flight), then check the ledger; returns the final snapshot.
 
     ``client_served``: tokens per tenant the clients saw served (``usage.total_tokens``), compared with what
     the queue charged since ``served_before``. Unless ``leases_may_expire`` (a fault test killed a holder),

@@ -1,9 +1,9 @@
 """One `serve run deploy/local.yaml` deployment shared by every end-to-end test module.
 
-The deployment is the shipped local config with these changes: 2 gateway replicas (fleet-wide ordering and
-limits across gateways), 4 sequences per vLLM replica (so a small flood already queues), 8 Redis
-connections per gateway (so a burst waits for them), API keys required
-(no anonymous access) from a tenants file written for the tests, and metrics published every second.
+The deployment is the shipped local config, engine settings and gates included, with these changes: 2
+gateway replicas (fleet-wide ordering and limits across gateways), 8 Redis connections per gateway (so a
+burst waits for them), API keys required (no anonymous access) from a tenants file written for the tests,
+and metrics published every second.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import redis
+import yaml
 
 from gateway.cli import main as fleetgate
 from fleet.keys import QueueKeys
@@ -21,7 +22,8 @@ from tests.conftest import REPO_ROOT, TINY_MODEL_NAME
 from tests.support.serve_launcher import serve_run
 from tests.ledger import snapshot
 
-SLOTS_PER_REPLICA = 4
+SHIPPED = yaml.safe_load((REPO_ROOT / "deploy" / "local.yaml").read_text())["applications"][0]["args"]
+SLOTS_PER_REPLICA = SHIPPED["pools"][0]["engine"]["max_num_seqs"]  # the shipped engine settings: 32
 GATEWAY_REPLICAS = 2
 REPLICAS = 2  # vLLM replicas in deploy/local.yaml: one latency, one throughput
 RATE_LIMIT_RPM = 20
@@ -83,8 +85,6 @@ def base_url(tiny_model_path: Path, redis_url: str, tenants_file: Path, api_keys
 
     def for_tests(args: dict) -> None:
         args["gateway"]["num_replicas"] = GATEWAY_REPLICAS
-        for pool in args["pools"]:
-            pool["engine"]["max_num_seqs"] = SLOTS_PER_REPLICA
         args["access"] = {"tenants_file": str(tenants_file), "allow_anonymous": False, "reload_interval_s": 0.5}
         args["metrics"] = {"publish_interval_s": 1.0, "scrape_key_sha256": hash_key(SCRAPE_KEY)}
         args["queue"]["redis_max_connections"] = REDIS_CONNECTIONS

@@ -1,14 +1,21 @@
-"""End to end through the global queue: 2 gateway replicas, 2 vLLM replicas of 4 slots each, one Redis.
+"""End to end through the global queue, with the shipped engine settings (32 sequences per replica) and gates:
+2 gateway replicas, a latency and a throughput vLLM replica, one Redis.
+
+The floods are of fresh ~380-token prompts with few output tokens: work each engine takes steps to start,
+so the gate, not the sequence slots, decides when a replica takes more, and the backlog waits in Redis.
 
 * a flood from one tenant does not hold another tenant back beyond the fairness bound;
+* a tenant that arrives behind another's deep backlog gets about its share of completions from its arrival;
+* while the global queue holds a backlog, each engine holds no more unstarted work than its gate allows;
 * a high-priority request overtakes queued low-priority work;
 * afterwards the ledger balances (tests/ledger.py): every grant ended once, every slot and token back, no
-  ticket left, each tenant charged exactly the tokens its clients were served.
+  grant in flight, no ticket left, each tenant charged exactly the tokens its clients were served.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import statistics
 import time
 
@@ -21,14 +28,23 @@ from tests.ledger import assert_ledger_balanced, served_by_tenant, snapshot
 
 pytestmark = pytest.mark.e2e
 
-FLOOD = 48  # 6x the fleet's 8 slots
-OUTPUT_TOKENS = 48
+FLOOD = 120
+OUTPUT_TOKENS = 4
+WORDS = ("queue fleet tenant band grant replica engine prefill decode token budget step batch stream latency "
+         "throughput fairness counter window lease ticket gateway redis router placement scheduler priority "
+         "interactive standard signal report credit flight chunk prompt output model server request reply").split()
+
+
+def _prompt(rng: random.Random, tag: str) -> str:
+    """~380 fresh tokens (short class): no two share a prefix past a few tokens, so no prefix-cache hit."""
+    return f"{tag} " + " ".join(rng.choice(WORDS) for _ in range(200))
 
 
 async def _completion(client: httpx.AsyncClient, key: str, band: str, prompt: str) -> httpx.Response:
     body = {"model": TINY_MODEL_NAME, "prompt": prompt, "max_tokens": OUTPUT_TOKENS, "ignore_eos": True}
     response = await client.post("/v1/completions", json=body, headers={**auth(key), "x-priority": band})
     assert response.status_code == 200, response.text
+    response.extensions["done_at"] = time.monotonic()
     return response
 
 
@@ -36,15 +52,9 @@ def _queue_ms(response: httpx.Response) -> float:
     return float(response.headers["x-fleetgate-queue-ms"])
 
 
-async def _flood_then(base_url: str, redis_url: str, flood_key: str, flood_band: str, late_key: str, late_band: str):
-    async with httpx.AsyncClient(base_url=base_url, timeout=300) as client:
-        flood = [asyncio.create_task(_completion(client, flood_key, flood_band, f"flood {i} {'x' * (i % 7)}"))
-                 for i in range(FLOOD)]
-        # send the late requests once half the flood waits in the global queue (observed in Redis)
-        await _until_backlog(redis_url, flood, FLOOD // 2)
-        late = [await _completion(client, late_key, late_band, f"late {i}") for i in range(3)]
-        flood_done = await asyncio.gather(*flood)
-    return flood_done, late
+def _flood(client: httpx.AsyncClient, key: str, band: str, tag: str, count: int = FLOOD) -> list[asyncio.Task]:
+    rng = random.Random(tag)
+    return [asyncio.create_task(_completion(client, key, band, _prompt(rng, f"{tag} {i}"))) for i in range(count)]
 
 
 async def _until_backlog(redis_url: str, flood: list[asyncio.Task], tickets: int, timeout_s: float = 120) -> None:
@@ -56,6 +66,16 @@ async def _until_backlog(redis_url: str, flood: list[asyncio.Task], tickets: int
         assert not all(t.done() for t in flood), f"the whole flood was served before {tickets} of it queued"
         assert time.monotonic() < deadline, f"fewer than {tickets} tickets queued after {timeout_s} s"
         await asyncio.sleep(0.05)
+
+
+async def _flood_then(base_url: str, redis_url: str, flood_key: str, flood_band: str, late_key: str, late_band: str):
+    async with httpx.AsyncClient(base_url=base_url, timeout=300) as client:
+        flood = _flood(client, flood_key, flood_band, "flood")
+        await _until_backlog(redis_url, flood, FLOOD // 4)  # a quarter of the flood waits in the global queue
+        rng = random.Random("late")
+        late = [await _completion(client, late_key, late_band, _prompt(rng, f"late {i}")) for i in range(3)]
+        flood_done = await asyncio.gather(*flood)
+    return flood_done, late
 
 
 def _client_served(tenant_responses: dict[str, list[httpx.Response]]) -> dict[str, int]:
@@ -70,14 +90,68 @@ def test_flooding_tenant_does_not_hold_back_another(base_url: str, redis_url: st
     flood_waits = sorted(_queue_ms(r) for r in flood)
     late_waits = [_queue_ms(r) for r in late]
     service_ms = statistics.median(r.elapsed.total_seconds() * 1000 - _queue_ms(r) for r in flood)
-    # Fair share: the calm tenant's ticket is lifted to the flood's counter, so it takes the next free slot.
-    # Its wait is bounded by about one request's service time (a slot turning over), while the flood's
-    # backlog waits for many turnovers.
+    # Fair share: the calm tenant's ticket is lifted to the flood's counter, so it takes the next opening.
+    # Its wait is bounded by about one request's service time, while the flood's backlog waits for many.
     assert max(late_waits) < 2 * service_ms + 500, (late_waits, service_ms)
     assert max(late_waits) < flood_waits[-1] / 3, (late_waits, flood_waits[-1])
     assert len({r.headers["x-fleetgate-gateway"] for r in flood}) == GATEWAY_REPLICAS
     assert_ledger_balanced(redis_url, REPLICAS, served_before=before,
                            client_served=_client_served({"flood": flood, "calm": late}))
+
+
+def test_a_tenant_arriving_behind_a_backlog_gets_its_share_from_its_arrival(base_url: str, redis_url: str,
+                                                                            api_keys: dict) -> None:
+    """Equal weights, one band: once "calm" arrives behind "flood"'s deep backlog, about half of what
+    completes is its own, from the start. Without the gate each engine had already taken up to its 32
+    slots of the flood, and those would all finish first (the queue decided who, but not when)."""
+    before = served_by_tenant(redis_url)
+    late_count = 40
+
+    async def scenario() -> tuple[list[httpx.Response], list[httpx.Response], float]:
+        async with httpx.AsyncClient(base_url=base_url, timeout=300) as client:
+            flood = _flood(client, api_keys["flood"], "standard", "deep")
+            await _until_backlog(redis_url, flood, FLOOD // 2)
+            arrived = time.monotonic()
+            late = _flood(client, api_keys["calm"], "standard", "arrival", late_count)
+            return await asyncio.gather(*flood), await asyncio.gather(*late), arrived
+
+    flood, late, arrived = asyncio.run(scenario())
+    after = sorted([(r.extensions["done_at"], "flood") for r in flood if r.extensions["done_at"] > arrived]
+                   + [(r.extensions["done_at"], "calm") for r in late])
+    first = [tenant for _, tenant in after[:2 * late_count]]
+    share = first.count("calm") / len(first)
+    assert share >= 0.3, (share, first)  # a fair share is 0.5; in flight at its arrival: what the gate allows
+    assert_ledger_balanced(redis_url, REPLICAS, served_before=before,
+                           client_served=_client_served({"flood": flood, "calm": late}))
+
+
+def test_engines_hold_no_more_than_their_gate_while_the_global_queue_holds_the_rest(
+        base_url: str, redis_url: str, api_keys: dict) -> None:
+    async def scenario() -> list:
+        seen = []
+        async with httpx.AsyncClient(base_url=base_url, timeout=300) as client:
+            flood = _flood(client, api_keys["flood"], "batch", "gate")
+            await _until_backlog(redis_url, flood, FLOOD // 4)
+            while not all(t.done() for t in flood):
+                state = await asyncio.to_thread(snapshot, redis_url)
+                if state.band("batch").queued > 0:
+                    seen.append(state)
+                await asyncio.sleep(0.05)
+            await asyncio.gather(*flood)
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert len(seen) >= 5, "the global queue should hold the backlog for a while"
+    for state in seen:
+        batch = state.band("batch")
+        for replica in state.replicas:
+            assert replica.fresh, replica  # reports kept coming under load
+            limit = batch.max_unstarted_steps * replica.step_tokens
+            # granted while below the limit: above it by at most one request's share of a step
+            assert replica.pending < limit + replica.step_tokens, (replica, limit)
+            assert replica.waiting <= replica.unstarted + replica.in_flight, replica  # the engine's own queue
+    assert max(r.waiting for state in seen for r in state.replicas) >= 1  # it was loaded, not idle
+    assert_ledger_balanced(redis_url, REPLICAS)
 
 
 def test_high_priority_overtakes_queued_low_priority(base_url: str, redis_url: str, api_keys: dict) -> None:
