@@ -68,14 +68,33 @@ async def _until_backlog(redis_url: str, flood: list[asyncio.Task], tickets: int
         await asyncio.sleep(0.05)
 
 
+async def _until_waiting(redis_url: str, tenant: str, tickets: int, requests: list[asyncio.Task],
+                         timeout_s: float = 60) -> None:
+    """Wait until ``tenant`` has ``tickets`` waiting in the standard band (fail at once if a request failed)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        waiting = (await asyncio.to_thread(snapshot, redis_url)).band("standard").tenants.get(tenant)
+        if waiting is not None and waiting.queued >= tickets:
+            return
+        for task in (t for t in requests if t.done()):
+            task.result()
+        assert time.monotonic() < deadline, f"{tenant} never had {tickets} tickets waiting"
+        await asyncio.sleep(0.02)
+
+
 async def _flood_then(base_url: str, redis_url: str, flood_key: str, flood_band: str, late_key: str, late_band: str):
-    async with httpx.AsyncClient(base_url=base_url, timeout=300) as client:
+    async with _client(base_url) as client:
         flood = _flood(client, flood_key, flood_band, "flood")
         await _until_backlog(redis_url, flood, FLOOD // 4)  # a quarter of the flood waits in the global queue
         rng = random.Random("late")
         late = [await _completion(client, late_key, late_band, _prompt(rng, f"late {i}")) for i in range(3)]
         flood_done = await asyncio.gather(*flood)
     return flood_done, late
+
+
+def _client(base_url: str) -> httpx.AsyncClient:
+    """A client with a connection for every request of a flood (httpx's default pool holds 100)."""
+    return httpx.AsyncClient(base_url=base_url, timeout=300, limits=httpx.Limits(max_connections=FLOOD + 10))
 
 
 def _client_served(tenant_responses: dict[str, list[httpx.Response]]) -> dict[str, int]:
@@ -108,11 +127,15 @@ def test_a_tenant_arriving_behind_a_backlog_gets_its_share_from_its_arrival(base
     late_count = 40
 
     async def scenario() -> tuple[list[httpx.Response], list[httpx.Response], float]:
-        async with httpx.AsyncClient(base_url=base_url, timeout=300) as client:
-            flood = _flood(client, api_keys["flood"], "standard", "deep")
+        # a client each, so the newcomer's requests never wait for one of the flood's connections
+        async with _client(base_url) as flooder, _client(base_url) as newcomer:
+            flood = _flood(flooder, api_keys["flood"], "standard", "deep")
             await _until_backlog(redis_url, flood, FLOOD // 2)
+            late = _flood(newcomer, api_keys["calm"], "standard", "arrival", late_count)
+            # it has arrived once half its tickets wait in the queue (not when this loaded host's proxy and
+            # gateways got round to its requests)
+            await _until_waiting(redis_url, "calm", late_count // 2, late)
             arrived = time.monotonic()
-            late = _flood(client, api_keys["calm"], "standard", "arrival", late_count)
             return await asyncio.gather(*flood), await asyncio.gather(*late), arrived
 
     flood, late, arrived = asyncio.run(scenario())
@@ -120,7 +143,9 @@ def test_a_tenant_arriving_behind_a_backlog_gets_its_share_from_its_arrival(base
                    + [(r.extensions["done_at"], "calm") for r in late])
     first = [tenant for _, tenant in after[:2 * late_count]]
     share = first.count("calm") / len(first)
-    assert share >= 0.3, (share, first)  # a fair share is 0.5; in flight at its arrival: what the gate allows
+    # a fair share is 0.5, less what was in the engines at its arrival (what the gates allow, ~20 requests
+    # here); with the slots as the only limit, all 64 of them would go first (0.1)
+    assert share >= 0.25, (share, "".join("c" if t == "calm" else "f" for t in first))
     assert_ledger_balanced(redis_url, REPLICAS, served_before=before,
                            client_served=_client_served({"flood": flood, "calm": late}))
 
@@ -129,7 +154,7 @@ def test_engines_hold_no_more_than_their_gate_while_the_global_queue_holds_the_r
         base_url: str, redis_url: str, api_keys: dict) -> None:
     async def scenario() -> list:
         seen = []
-        async with httpx.AsyncClient(base_url=base_url, timeout=300) as client:
+        async with _client(base_url) as client:
             flood = _flood(client, api_keys["flood"], "batch", "gate")
             await _until_backlog(redis_url, flood, FLOOD // 4)
             while not all(t.done() for t in flood):
