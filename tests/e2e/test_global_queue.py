@@ -132,9 +132,9 @@ def test_a_tenant_arriving_behind_a_backlog_gets_its_share_from_its_arrival(base
             flood = _flood(flooder, api_keys["flood"], "standard", "deep")
             await _until_backlog(redis_url, flood, FLOOD // 2)
             late = _flood(newcomer, api_keys["calm"], "standard", "arrival", late_count)
-            # it has arrived once half its tickets wait in the queue (not when this loaded host's proxy and
+            # it has arrived once its tickets wait in the queue (not when this loaded host's proxy and
             # gateways got round to its requests)
-            await _until_waiting(redis_url, "calm", late_count // 2, late)
+            await _until_waiting(redis_url, "calm", 5, late)
             arrived = time.monotonic()
             return await asyncio.gather(*flood), await asyncio.gather(*late), arrived
 
@@ -175,7 +175,7 @@ def test_engines_hold_no_more_than_their_gate_while_the_global_queue_holds_the_r
             # granted while below the limit: above it by at most one request's share of a step
             assert replica.pending < limit + replica.step_tokens, (replica, limit)
             assert replica.waiting <= replica.unstarted + replica.in_flight, replica  # the engine's own queue
-    assert max(r.waiting for state in seen for r in state.replicas) >= 1  # it was loaded, not idle
+    assert max(r.running for state in seen for r in state.replicas) >= 1  # the engines were busy meanwhile
     assert_ledger_balanced(redis_url, REPLICAS)
 
 
