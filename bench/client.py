@@ -55,6 +55,9 @@ async def _stream(session: aiohttp.ClientSession, body: dict, headers: dict, rec
                   clock: Callable[[], float]) -> None:
     async with session.post("/v1/completions", json=body, headers=headers) as response:
         record.status = response.status
+        queue_ms = response.headers.get("x-fleetgate-queue-ms")
+        if queue_ms is not None:  # the gateway's time in its global queue: then it went to its replica
+            record.dispatched_s = record.send_s + float(queue_ms) / 1000
         if response.status != 200:
             record.error = (await response.text())[:300]
             record.end_s = clock()
