@@ -46,16 +46,16 @@ end
 -- a grant's capacity goes back to its replica (if still registered); an unacknowledged grant's in-flight
 -- credit ends with it
 local function release(t)
-  local key = k_replica(t.granted_to)
-  if t.granted_to ~= "" and redis.call("EXISTS", key) == 1 then
-    local r = redis.call("HMGET", key, "slots_total", "slots_free", "tokens_total", "tokens_free")
-    redis.call("HSET", key, "slots_free", math.min(tonumber(r[1]), tonumber(r[2]) + 1),
-      "tokens_free", math.min(tonumber(r[3]), tonumber(r[4]) + t.reserved))
+  local r = t.granted_to ~= "" and replica_state(t.granted_to)
+  if r then
+    r.slots_free = math.min(r.slots_total, r.slots_free + 1)
+    r.tokens_free = math.min(r.tokens_total, r.tokens_free + t.reserved)
     if not t.acked then
-      redis.call("HINCRBY", key, "in_flight", -1)
-      redis.call("HINCRBY", key, "in_flight_tokens", -t.credit)
+      r.in_flight, r.in_flight_tokens = r.in_flight - 1, r.in_flight_tokens - t.credit
     end
-    index_replica(t.granted_to)
+    redis.call("HSET", k_replica(r.id), "slots_free", r.slots_free, "tokens_free", r.tokens_free,
+      "in_flight", r.in_flight, "in_flight_tokens", r.in_flight_tokens)
+    index_replica(r.id, r)
   end
   redis.call("HSET", k_ticket(t.id), "reserved", 0, "acked", 0)
   t.reserved, t.acked = 0, false
@@ -110,17 +110,17 @@ end
 -- the grant's bookkeeping: the replica's capacity and in-flight credit, the ticket, the stats, the owner's
 -- inbox
 local function place(t, r)
-  local reserved = math.min(t.cost, r.tokens_free)
-  local key = k_replica(r.id)
-  local placed = redis.call("HMGET", key, "pool", "step_tokens", "prefill_chunk")
-  local chunk = tonumber(placed[3] or "0")
-  if chunk == 0 then chunk = tonumber(placed[2]) end
+  local s = replica_state(r.id)
+  local reserved = math.min(t.cost, s.tokens_free)
+  local chunk = s.prefill_chunk
+  if chunk == 0 then chunk = s.step_tokens end
   local credit = math.min(t.prompt, chunk)  -- the grant's share of a step, until acknowledged
-  redis.call("HSET", key, "slots_free", r.slots_free - 1, "tokens_free", r.tokens_free - reserved)
-  redis.call("HINCRBY", key, "in_flight", 1)
-  redis.call("HINCRBY", key, "in_flight_tokens", credit)
-  index_replica(r.id)
-  local pool = placed[1] or "default"
+  s.slots_free, s.tokens_free = s.slots_free - 1, s.tokens_free - reserved
+  s.in_flight, s.in_flight_tokens = s.in_flight + 1, s.in_flight_tokens + credit
+  redis.call("HSET", k_replica(r.id), "slots_free", s.slots_free, "tokens_free", s.tokens_free,
+    "in_flight", s.in_flight, "in_flight_tokens", s.in_flight_tokens)
+  index_replica(r.id, s)
+  local pool = s.pool
   redis.call("HSET", k_ticket(t.id), "granted_to", r.id, "granted_pool", pool, "reserved", reserved,
     "charged_band", t.band, "acked", 0, "credit", credit)
   redis.call("HINCRBY", K_STATS, "granted", 1)
