@@ -140,19 +140,37 @@ local function grant(t, r)
   return place(t, r)
 end
 
--- Enqueue's fast path. When nothing waits in the ticket's band or above, a ticket that can be placed now
--- is granted without entering the queue (dispatch would grant it first); the state ends exactly as push +
--- grant would leave it (the tenant lifted to the band's virtual time and charged cost / weight; its flow
--- counters, which would have held this ticket alone, gone again), for a third of the calls. The
--- agreement test compares the two bit for bit.
-local function grant_at_once(t)
-  local counts = waiting_counts()
+-- Enqueue's fast path. When nothing that waits in the ticket's band or above could be placed now (no class
+-- with waiting tickets there has room: dispatch would grant this ticket first) and its tenant has nothing
+-- waiting in its band, a ticket that can be placed now is granted without entering the queue; the state
+-- ends exactly as push + grant would leave it (the tenant lifted to the least active counter, or the
+-- band's virtual time when none is active, and charged cost / weight; its flow counters, which would have
+-- held this ticket alone, gone again), for a third of the calls. A backlog that cannot be placed (its
+-- pool full) so costs a new ticket of another class nothing. The agreement test compares the two bit for bit.
+local function backlog_placeable(counts, t, groups)
   for i = 1, BAND_INDEX[t.band] do
-    if counts[BANDS[i].name] > 0 then return nil end
+    local band = BANDS[i].name
+    if counts[band] > 0 then
+      if band == t.band and redis.call("ZSCORE", k_active(band), t.tenant) then return true end
+      for _, class in ipairs(known_classes()) do
+        if redis.call("EXISTS", k_tenant_index(band, class)) == 1 and class_has_room(groups, band, class) then
+          return true
+        end
+      end
+    end
   end
-  local r = choose_replica(replica_groups(), t.band, t.cost, t.class)
+  return false
+end
+
+local function grant_at_once(t)
+  local groups = replica_groups()
+  if backlog_placeable(waiting_counts(), t, groups) then return nil end
+  local r = choose_replica(groups, t.band, t.cost, t.class)
   if not r then return nil end
-  local before = math.max(counter(t.band, t.tenant), tonumber(redis.call("HGET", K_VTIME, t.band) or "0"))
+  local floor = tonumber(redis.call("HGET", K_VTIME, t.band) or "0")
+  local lowest = redis.call("ZRANGE", k_active(t.band), 0, 0, "WITHSCORES")
+  if lowest[1] then floor = tonumber(lowest[2]) end
+  local before = math.max(counter(t.band, t.tenant), floor)
   redis.call("HSET", K_VTIME, t.band, num(before))
   redis.call("HSET", k_vtc(t.band), t.tenant, num(before + t.cost / t.weight))
   redis.call("HSET", k_ticket(t.id), "entered", NOW)
