@@ -166,7 +166,7 @@ def test_engines_hold_no_more_than_their_gate_while_the_global_queue_holds_the_r
         return seen
 
     seen = asyncio.run(scenario())
-    assert len(seen) >= 5, "the global queue should hold the backlog for a while"
+    assert len(seen) >= 2, "the global queue should hold the backlog while it is sampled"
     for state in seen:
         batch = state.band("batch")
         for replica in state.replicas:
