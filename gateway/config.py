@@ -26,6 +26,11 @@ class ModelSource(BaseModel):
     build_tiny_model: bool = Field(
         False, description="Build the tiny random-weight local model at `path` if it is not there yet."
     )
+    chat_template_options: list[str] = Field(
+        default_factory=list, description="Keys of `chat_template_kwargs` a request may set (options the model's "
+        "own chat template reads, e.g. enable_thinking), each to a plain value. The template is the operator's: "
+        "a request's own `chat_template`, or any other option, is a 400.",
+    )
     simulated: Literal["cpu-tiny", "gpu-h100-llama3-8b"] | None = Field(
         None, description="Replace vLLM by the simulated engine with this cost model (replicas/sim_engine.py: "
         "cpu-tiny, gpu-h100-llama3-8b); the model's tokenizer is still used. For benchmarks at fleet scale.")

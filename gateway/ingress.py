@@ -75,6 +75,7 @@ class Gateway:
             served_model_name=settings.model.name, max_body_bytes=settings.gateway.max_body_bytes,
             queue=settings.queue, access=self._access, classifier=RequestClassifier(settings.queue, settings.model.path),
             admission=self._admission, pools=self._pools, metrics=self.metrics,
+            template_options=frozenset(settings.model.chat_template_options),
         )
         self._board: MetricsBoard | None = None
         self._publisher: MetricsPublisher | None = None

@@ -43,8 +43,10 @@ class RequestLifecycle:
 
     def __init__(self, *, served_model_name: str, max_body_bytes: int, queue: QueueConfig, access: Access,
                  classifier: RequestClassifier, admission: AdmissionStrategy, pools: Pools,
-                 metrics: GatewayMetrics, clock: Callable[[], float] = time.monotonic) -> None:
+                 metrics: GatewayMetrics, template_options: frozenset[str] = frozenset(),
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._served_model_name, self._max_body_bytes, self._queue = served_model_name, max_body_bytes, queue
+        self._template_options = template_options
         self._access, self._classifier, self._admission = access, classifier, admission
         self._pools, self._metrics, self._clock = pools, metrics, clock
 
@@ -56,7 +58,7 @@ class RequestLifecycle:
         try:
             tenant = self._access.authenticate(request.headers)
             tenant_id = tenant.id
-            parsed = parse_request(await read_body(request, self._max_body_bytes), endpoint)
+            parsed = parse_request(await read_body(request, self._max_body_bytes), endpoint, self._template_options)
             stages.lap("parse")
             self._check_model(parsed)
             self._access.check_model(tenant, parsed.model)

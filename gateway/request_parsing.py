@@ -2,6 +2,11 @@
 
 Validating at the gateway means a malformed request is answered before it takes a place in any queue or
 on any replica; the replica validates again with the same models, so both ends agree on the schema.
+
+The chat template is the operator's: a request may not send its own (`chat_template`: Jinja, code that
+would run at the gateway and the replica), and may set only the template options the operator allows
+(`chat_template_kwargs`), each to a plain value, so no client changes how its prompt is rendered or
+counted beyond what the model's template offers.
 """
 
 from __future__ import annotations
@@ -30,8 +35,10 @@ class ParsedRequest:
     body_chars: int
 
 
-def parse_request(raw_body: bytes, endpoint: Endpoint) -> ParsedRequest:
-    """Parse and validate ``raw_body`` for ``endpoint``; raise InvalidJSON or InvalidRequest."""
+def parse_request(raw_body: bytes, endpoint: Endpoint, template_options: frozenset[str] = frozenset()) -> ParsedRequest:
+    """Parse and validate ``raw_body`` for ``endpoint``; raise InvalidJSON, InvalidRequest or InvalidValue.
+
+    ``template_options``: the ``chat_template_kwargs`` keys a chat request may set."""
     try:
         body = json.loads(raw_body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -49,11 +56,32 @@ def parse_request(raw_body: bytes, endpoint: Endpoint) -> ParsedRequest:
         parameter = getattr(exc, "parameter", None)
         message = str(exc.args[0]) if exc.args else "invalid request"
         raise InvalidValue(message, param=parameter) from None
+    if endpoint == "chat":
+        _check_chat(body, template_options)
     max_tokens = getattr(request, "max_completion_tokens", None) or getattr(request, "max_tokens", None)
     return ParsedRequest(
         endpoint=endpoint, body=body, model=request.model or "", stream=bool(request.stream),
         max_tokens=max_tokens, body_chars=len(raw_body),
     )
+
+
+def _check_chat(body: dict[str, Any], template_options: frozenset[str]) -> None:
+    if not body.get("messages"):
+        raise InvalidValue("messages: at least one message is required.", param="messages")
+    if body.get("chat_template") is not None:
+        raise InvalidValue("chat_template: the chat template is the operator's; a request may not send its own.",
+                           param="chat_template")
+    options = body.get("chat_template_kwargs") or {}
+    if not isinstance(options, dict):
+        raise InvalidValue("chat_template_kwargs must be an object.", param="chat_template_kwargs")
+    for key, value in options.items():
+        if key not in template_options:
+            allowed = ", ".join(sorted(template_options)) or "none"
+            raise InvalidValue(f"chat_template_kwargs: {key!r} is not an option this gateway allows (allowed: "
+                               f"{allowed}).", param="chat_template_kwargs")
+        if not isinstance(value, str | int | float | bool | None):
+            raise InvalidValue(f"chat_template_kwargs: {key!r} must be a string, number, boolean or null.",
+                               param="chat_template_kwargs")
 
 
 async def read_body(request: Request, limit: int) -> bytes:

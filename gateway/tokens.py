@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from gateway.errors import InvalidValue
 from gateway.request_parsing import ParsedRequest
 
 OFF_LOOP_ABOVE_CHARS = 4_000
@@ -35,13 +36,18 @@ class PromptTokenCounter:
         return self._completion_tokens(parsed.body.get("prompt", ""))
 
     def _chat_tokens(self, body: dict[str, Any]) -> int:
-        ids = self._tokenizer.apply_chat_template(
-            body.get("messages", []),
-            tokenize=True,
-            add_generation_prompt=body.get("add_generation_prompt", True),
-            continue_final_message=body.get("continue_final_message", False),
-            **(body.get("chat_template_kwargs") or {}),
-        )
+        # what vLLM renders: the messages with the tools and documents the template reads, and the allowed
+        # options (request parsing refused any other); the keyword arguments that steer the rendering itself
+        # are the gateway's, set after the client's so no option can replace them
+        options = {**(body.get("chat_template_kwargs") or {}), "tokenize": True,
+                   "add_generation_prompt": body.get("add_generation_prompt", True),
+                   "continue_final_message": body.get("continue_final_message", False)}
+        try:
+            ids = self._tokenizer.apply_chat_template(
+                body["messages"], tools=body.get("tools"), documents=body.get("documents"), **options)
+        except Exception as exc:  # the model's template refuses these messages (roles, order, content)
+            raise InvalidValue(f"messages: the model's chat template cannot render them ({type(exc).__name__}: "
+                               f"{str(exc)[:200]}).", param="messages") from None
         if hasattr(ids, "keys"):  # a BatchEncoding
             ids = ids["input_ids"]
         return len(ids)

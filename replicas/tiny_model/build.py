@@ -18,6 +18,7 @@ SPECIAL_TOKENS = [BOS_TOKEN, EOS_TOKEN, TURN_START_TOKEN, PAD_TOKEN]
 # rendering, generation prompt, stop token) is exercised for real.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    "{% if tools %}{{ '<|im_start|>system\\nTools: ' + (tools | tojson) + '<|im_end|>\\n' }}{% endif %}"
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' }}"
     "{% if message['content'] is string %}{{ message['content'] }}"
@@ -43,6 +44,7 @@ class TinyModelSpec:
     num_heads: int = 4
     num_kv_heads: int = 2
     max_context: int = 4096
+    template_version: int = 2  # 2: the chat template renders tools (as production templates do)
 
 
 def train_tokenizer(spec: TinyModelSpec, out_dir: Path) -> "PreTrainedTokenizerFast":  # noqa: F821

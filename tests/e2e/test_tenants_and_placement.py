@@ -100,6 +100,25 @@ def test_prompt_tokens_equal_vllms_own_count(base_url: str, api_keys: dict) -> N
     assert int(chat.headers["x-fleetgate-prompt-tokens"]) == chat.json()["usage"]["prompt_tokens"]
     completion = _completion(base_url, auth(api_keys["calm"]), prompt="Once upon a time, in a fleet far away")
     assert int(completion.headers["x-fleetgate-prompt-tokens"]) == completion.json()["usage"]["prompt_tokens"]
+    tool = {"type": "function", "function": {"name": "lookup", "description": "Find a record " * 30,
+                                             "parameters": {"type": "object", "properties": {"id": {"type": "string"}}}}}
+    with_tools = httpx.post(f"{base_url}/v1/chat/completions", headers=auth(api_keys["calm"]), timeout=60, json={
+        "model": TINY_MODEL_NAME, "max_tokens": 2, "tools": [tool], "tool_choice": "none",
+        "messages": [{"role": "user", "content": "Hello there!"}],
+    })  # the template renders the tools: they are prompt tokens, counted as vLLM counts them
+    assert with_tools.status_code == 200, with_tools.text
+    counted = int(with_tools.headers["x-fleetgate-prompt-tokens"])
+    assert counted == with_tools.json()["usage"]["prompt_tokens"] and counted > 100
+
+
+def test_a_request_cannot_bring_its_own_template_or_options(base_url: str, api_keys: dict) -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    for extra, param in (({"chat_template": "{% for i in range(99999999) %}x{% endfor %}"}, "chat_template"),
+                         ({"chat_template_kwargs": {"tokenize": False}}, "chat_template_kwargs"),
+                         ({"messages": []}, "messages")):
+        response = httpx.post(f"{base_url}/v1/chat/completions", headers=auth(api_keys["calm"]), timeout=30,
+                              json={"model": TINY_MODEL_NAME, "max_tokens": 2, "messages": messages, **extra})
+        assert _error(response, 400, "invalid_value")["param"] == param
 
 
 def test_rate_limit_holds_across_both_gateways(base_url: str, api_keys: dict) -> None:

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from gateway.errors import InvalidJSON, InvalidRequest, from_vllm_error
+from gateway.errors import GatewayError, InvalidJSON, InvalidRequest, from_vllm_error
 from gateway.request_parsing import parse_request
 
 
@@ -53,3 +53,27 @@ def test_values_vllm_refuses_are_400_not_500(endpoint: str, body: bytes) -> None
     with pytest.raises(InvalidValue) as caught:
         parse_request(body, endpoint)  # found by schemathesis: vLLM's own validator error escaped as a 500
     assert caught.value.status == 400 and caught.value.param == "prompt"
+
+
+def _chat(**fields) -> bytes:
+    return json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}).encode()
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"chat_template": "{% for x in range(10**9) %}{{ x }}{% endfor %}"}, "chat_template"),
+    ({"chat_template_kwargs": {"tokenize": False}}, "chat_template_kwargs"),  # would change the count
+    ({"chat_template_kwargs": {"chat_template": "{{ 1 }}"}}, "chat_template_kwargs"),
+    ({"chat_template_kwargs": {"enable_thinking": {"nested": "object"}}}, "chat_template_kwargs"),
+    ({"chat_template_kwargs": "not an object"}, "chat_template_kwargs"),
+    ({"messages": []}, "messages"),
+])
+def test_the_template_is_the_operators_and_a_chat_needs_messages(fields: dict, param: str) -> None:
+    with pytest.raises(GatewayError) as caught:
+        parse_request(_chat(**fields), "chat", template_options=frozenset({"enable_thinking"}))
+    assert caught.value.status in (400, 422) and caught.value.body()["error"]["param"] == param
+
+
+def test_an_allowed_template_option_passes() -> None:
+    parsed = parse_request(_chat(chat_template_kwargs={"enable_thinking": False}), "chat",
+                           template_options=frozenset({"enable_thinking"}))
+    assert parsed.body["chat_template_kwargs"] == {"enable_thinking": False}
