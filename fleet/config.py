@@ -3,11 +3,15 @@ and the replicas: bands, length classes, leases and the Redis connection."""
 
 from __future__ import annotations
 
+import logging
 import os
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from policies.classification import LengthClasses
+
+logger = logging.getLogger(__name__)
+_OVERRIDE_LOGGED: list[bool] = []  # once per process
 
 
 class BandConfig(BaseModel):
@@ -159,5 +163,10 @@ class QueueConfig(BaseModel):
         return LengthClasses.from_bounds([(c.name, c.max_prompt_tokens) for c in self.length_classes])
 
     def resolved_redis_url(self) -> str:
-        """REDIS_URL from the environment when set, else the configured URL."""
-        return os.environ.get("REDIS_URL") or self.redis_url
+        """REDIS_URL from the environment when set, else the configured URL (an override is logged once per
+        process, without the URL: it may hold a password)."""
+        override = os.environ.get("REDIS_URL")
+        if override and override != self.redis_url and not _OVERRIDE_LOGGED:
+            _OVERRIDE_LOGGED.append(True)
+            logger.warning("REDIS_URL from the environment overrides queue.redis_url of the config")
+        return override or self.redis_url

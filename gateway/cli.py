@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import re
 import sys
 import tempfile
 import time
@@ -124,8 +125,11 @@ def _status(args: argparse.Namespace) -> int:
     queue = blocking(lambda: global_queue(queue_config, redis_client(queue_config, url=url)))
     board = MetricsBoard(queue.client, queue.keys, ttl_s=1)
     while True:
+        published = queue.run(board.read())
         sources = queue.run(board.live_sources())
-        view = render_status(queue.snapshot(), queue.keys.namespace, _redacted(url), sources)
+        stale = [labels.get("gateway", "?") for labels, text in published
+                 if re.search(r"^fleetgate_tenants_file_stale 1", text, re.MULTILINE)]
+        view = render_status(queue.snapshot(), queue.keys.namespace, _redacted(url), sources, stale)
         if args.watch is None:
             print(view)
             return 0

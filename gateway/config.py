@@ -140,6 +140,21 @@ class AppConfig(BaseModel):
                 raise ValueError(f"no pool accepts length class {name!r}: its requests could never run")
         return self
 
+    @model_validator(mode="after")
+    def _engines_agree_with_the_queue(self) -> "AppConfig":
+        # silent misconfigurations made loud: vLLM ignores a non-zero priority under fcfs (the bands would
+        # not reach the engines), and a prompt counted against one context length must fit every pool
+        if len(self.queue.bands) > 1 and self.model.simulated is None:  # a simulated fcfs baseline is on purpose
+            for pool in self.pools:
+                if pool.engine.scheduling_policy == "fcfs":
+                    raise ValueError(f"pool {pool.name!r} runs scheduling_policy fcfs, under which vLLM ignores the "
+                                     "bands' priorities; set scheduling_policy: priority")
+        lengths = {pool.name: pool.engine.max_model_len for pool in self.pools}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"pools disagree on max_model_len {lengths}: requests are checked against one context "
+                             "length and may be placed on any pool; give every pool the same")
+        return self
+
     def pool_plan(self) -> list[tuple[str, list[str], list[str]]]:
         """(name, accepts, prefers) of every pool, in config order."""
         return [(pool.name, self.pool_accepts(pool), pool.prefers) for pool in self.pools]

@@ -67,6 +67,7 @@ class Gateway:
         self._pools = Pools(pools)
         self.metrics = GatewayMetrics(settings.metrics.tenant_labels)
         self._access = Access(settings.access, settings.queue.band_names, settings.queue.default_band)
+        self.metrics.tenants_file_stale.set_function(lambda: float(self._access.tenants.reload_failed is not None))
         self._settings = settings
         preload_protocol_models()
         self._admission = admission_for(settings.queue, settings.pool_plan(), self.metrics)

@@ -7,7 +7,7 @@ gauges read from the global queue and every vLLM replica's own ``vllm:*`` metric
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 # a per-series "_created" gauge doubles what is published and scraped for no use here
 disable_created_metrics()
@@ -25,6 +25,9 @@ class GatewayMetrics:
         self.registry = CollectorRegistry()
         self._tenant_labels = tenant_labels
         r = self.registry
+        self.tenants_file_stale = Gauge(
+            "fleetgate_tenants_file_stale", "1 while the tenants file on disk failed to load and an older one is in "
+            "force (a key revoked in it may still work): fix the file.", registry=self.registry)
         self.requests = Counter("fleetgate_requests", "Requests answered, by HTTP status.",
                                 ["tenant", "band", "status"], registry=r)
         self.rejections = Counter("fleetgate_rejections", "Requests turned away at admission, by reason.",

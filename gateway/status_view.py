@@ -8,10 +8,15 @@ from typing import Any
 from fleet.snapshot import QueueSnapshot, ReplicaState
 
 
-def render_status(snapshot: QueueSnapshot, namespace: str, redis_url: str, sources: list[str]) -> str:
-    """A plain-text view of the global queue (one consistent snapshot)."""
+def render_status(snapshot: QueueSnapshot, namespace: str, redis_url: str, sources: list[str],
+                  stale_tenants_file: list[str] | None = None) -> str:
+    """A plain-text view of the global queue (one consistent snapshot); ``stale_tenants_file``: the gateways
+    whose tenants file failed to reload (an older one is in force)."""
     now = datetime.datetime.fromtimestamp(snapshot.now_ms / 1000, datetime.UTC)
     lines = [f"fleetgate status  namespace={namespace}  redis={redis_url}  {now:%Y-%m-%d %H:%M:%S} UTC", ""]
+    for gateway in stale_tenants_file or []:
+        lines += [f"WARNING: gateway {gateway} could not reload the tenants file; an older one is in force "
+                  "(a revoked key may still work). Check it: fleetgate tenants check FILE", ""]
     lines += _table(
         ["BAND", "QUEUED (HELD)", "QUEUED TOKENS", "WAITING TENANTS", "GATE"],
         [[band.name, band.queued, band.queued_tokens, len(band.tenants),

@@ -130,6 +130,7 @@ class TenantRegistry:
         self._by_digest: dict[str, Tenant] = {}
         self._by_id: dict[str, Tenant] = {}
         self._stamp: tuple[int, int] | None = None
+        self.reload_failed: str | None = None  # why the file on disk is not the one in force, if it is not
         self._checked_at = clock()  # the file is read just below
         if path is not None:
             self._install(TenantsFile.read(path).check_bands(bands), self._file_stamp())  # fail loudly at start
@@ -167,10 +168,11 @@ class TenantRegistry:
             tenants = TenantsFile.read(self._path).check_bands(self._bands)
         except (OSError, ValueError, ValidationError, yaml.YAMLError) as exc:
             # keep the last good tenants; the message names the problem, never a key
-            logger.error("tenants file %s not reloaded, keeping the previous one: %s", self._path,
-                         _first_line(str(exc)))
+            self.reload_failed = _first_line(str(exc))
+            logger.error("tenants file %s not reloaded, keeping the previous one: %s", self._path, self.reload_failed)
             self._stamp = stamp
             return False
+        self.reload_failed = None
         self._install(tenants, stamp)
         logger.info("tenants file %s reloaded: %d tenants", self._path, len(tenants.tenants))
         return True

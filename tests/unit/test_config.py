@@ -73,3 +73,32 @@ def test_kuberay_rayservice_serves_the_gpu_config() -> None:
     assert any(m["mountPath"] == "/etc/fleetgate" for m in head["volumeMounts"])
     redis_docs = list(yaml.safe_load_all((DEPLOY / "kuberay" / "redis.yaml").read_text()))
     assert {d["kind"] for d in redis_docs} == {"Deployment", "Service"}
+
+
+def _local_args() -> dict:
+    return yaml.safe_load((DEPLOY / "local.yaml").read_text())["applications"][0]["args"]
+
+
+def test_fcfs_engines_under_priority_bands_fail_loudly() -> None:
+    args = _local_args()
+    args["pools"][1]["engine"]["scheduling_policy"] = "fcfs"
+    with pytest.raises(ValidationError, match="fcfs"):
+        AppConfig.model_validate(args)
+
+
+def test_pools_that_disagree_on_the_context_length_fail_loudly() -> None:
+    args = _local_args()
+    args["pools"][0]["engine"]["max_model_len"] = 2048
+    with pytest.raises(ValidationError, match="max_model_len"):
+        AppConfig.model_validate(args)
+
+
+def test_a_redis_url_from_the_environment_is_not_a_silent_override(monkeypatch, caplog) -> None:
+    import fleet.config
+    from fleet.config import QueueConfig
+
+    monkeypatch.setattr(fleet.config, "_OVERRIDE_LOGGED", [])
+    monkeypatch.setenv("REDIS_URL", "redis://:secret@elsewhere:6379/0")
+    with caplog.at_level("WARNING"):
+        assert QueueConfig(redis_url="redis://127.0.0.1:6379/0").resolved_redis_url().endswith("elsewhere:6379/0")
+    assert "overrides queue.redis_url" in caplog.text and "secret" not in caplog.text

@@ -106,9 +106,14 @@ def test_reload_picks_up_new_keys_and_keeps_the_last_good_file(tmp_path: Path) -
     assert registry.by_key(first).id == "acme", "the file is not looked at again within the interval"
     now[0] += 2.0
     assert registry.by_key(second).id == "acme" and registry.by_key(first) is None
+    assert registry.reload_failed is None
     _write(path, "tenants: [{id: acme, colour: blue}]")  # invalid: unknown field
     now[0] += 2.0
     assert registry.by_key(second).id == "acme", "a broken file must not lock everyone out"
+    assert "colour" in registry.reload_failed, "but it must not fail silently either (metrics, status)"
+    _write(path, path.read_text().replace("colour: blue", "weight: 2"))
+    now[0] += 2.0
+    assert registry.by_key(second) is None and registry.reload_failed is None
 
 
 @pytest.mark.parametrize("text", [
