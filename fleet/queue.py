@@ -97,7 +97,7 @@ def _ticket_payload(spec: TicketSpec) -> dict[str, Any]:
     return {
         "ticket_id": spec.ticket_id, "tenant": spec.tenant, "band": spec.band, "cost": spec.cost,
         "weight": float(spec.weight), "class": spec.length_class, "owner": spec.owner, "flow": spec.flow,
-        "prompt": spec.prefill_tokens,
+        "prompt": spec.prefill_tokens, "ceiling": spec.ceiling,
     }  # fmt: skip
 
 

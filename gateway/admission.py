@@ -151,6 +151,7 @@ class QueueAdmission:
             ticket_id=session.new_ticket_id(), tenant=request.tenant.id, band=request.decision.band,
             cost=request.size.cost, weight=request.tenant.weight, length_class=request.size.length_class,
             owner=session.owner, flow=request.asked.flow, prompt_tokens=request.size.prompt_tokens,
+            ceiling=request.tenant.max_band or "",
         )
         max_wait_s = min(self.config.max_wait_s, request.asked.ttft_slo_s or self.config.max_wait_s)
         started = self._clock()

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from policies import fairness
-from policies.band_order import aging_cutoff, bands_in_order
+from policies.band_order import aging_cutoff, bands_in_order, may_age_into
 from policies.gate import is_stale, open_replicas
 from policies.ordering import Fifo
 from policies.placement import choose_replica
@@ -57,6 +57,7 @@ class _Ticket:
     acked: bool = False  # the granted replica said it received the request
     credit: int = 0  # what the grant adds to its replica's in-flight tokens until acknowledged
     position: int = 0  # in its flow's order (policies.ordering)
+    aging_stopped: bool = False  # it reached its ceiling: it ages no further in this band
 
 
 @dataclass
@@ -264,7 +265,7 @@ class ReferenceScheduler:
         self._positions += 1
         ticket.position = -self._positions if at_head else self._positions
         flows.queues[flow].add(ticket.spec.ticket_id, ticket.spec.length_class, ticket.position, at_head)
-        ticket.band, ticket.entered_band_ms = band, now_ms
+        ticket.band, ticket.entered_band_ms, ticket.aging_stopped = band, now_ms, False
         state.queued += 1
         state.queued_tokens += ticket.spec.cost
 
@@ -325,13 +326,16 @@ class ReferenceScheduler:
             if cutoff is None:
                 continue
             aged = sorted(
-                (t for t in self.tickets.values()
-                 if t.granted_to is None and t.band == band.name and t.entered_band_ms <= cutoff),
+                (t for t in self.tickets.values() if t.granted_to is None and t.band == band.name
+                 and t.entered_band_ms <= cutoff and not t.aging_stopped),
                 key=lambda t: (t.entered_band_ms, t.spec.ticket_id),
             )
             for ticket in aged[: self.bulk_limit]:
-                self._remove_waiting(ticket)
-                self._push(ticket, self.bands[index - 1].name, now_ms, at_head=False)
+                if may_age_into(self.bands, index - 1, ticket.spec.ceiling):
+                    self._remove_waiting(ticket)
+                    self._push(ticket, self.bands[index - 1].name, now_ms, at_head=False)
+                else:
+                    ticket.aging_stopped = True
 
     def _dispatch(self, now_ms: int, promoted: bool = False) -> list[Grant]:
         if not promoted:

@@ -42,6 +42,8 @@ class TicketSpec:
     """A sub-tenant flow (``x-gateway-inference-fairness-id``): flows share their tenant's share fairly."""
     prompt_tokens: int = 0
     """The prompt's tokens (what the engine must prefill before it starts); 0: take ``cost``."""
+    ceiling: str = ""
+    """The highest band aging may lift it into (its tenant's allowance); "": any band."""
 
     @property
     def prefill_tokens(self) -> int:

@@ -99,9 +99,13 @@ local function promote_aged()
       if #aged == CFG.bulk_limit then MORE = true end
       for _, id in ipairs(aged) do
         local t = ticket_fields(id)
-        remove_waiting(t)
-        push(t, BANDS[i - 1].name, false)
-        redis.call("HINCRBY", K_STATS, "promoted", 1)
+        if may_age_into(i - 1, t.ceiling) then
+          remove_waiting(t)
+          push(t, BANDS[i - 1].name, false)
+          redis.call("HINCRBY", K_STATS, "promoted", 1)
+        else  -- at its tenant's ceiling: it ages no further here (a push puts it back in the aging index)
+          redis.call("ZREM", k_wait(BANDS[i].name), id)
+        end
       end
     end
   end

@@ -1,5 +1,5 @@
 -- Admit a ticket (or reject it: its tenant's rate limits, its band's limits), then dispatch.
--- PAYLOAD: {ticket_id, tenant, band, cost, weight, class, owner, flow, prompt, rpm, tpm} (rpm, tpm: the tenant's
+-- PAYLOAD: {ticket_id, tenant, band, cost, weight, class, owner, flow, prompt, ceiling, rpm, tpm} (rpm, tpm: the tenant's
 -- limits, absent when unlimited). A repeat of an enqueue that went through answers "duplicate", with the
 -- ticket's grant if it has one (the retried caller never got the first reply).
 reap()
@@ -32,7 +32,7 @@ else
   if not status then
     local fields = {"tenant", p.tenant, "band", p.band, "cost", p.cost, "weight", num(p.weight), "class", p.class,
       "owner", p.owner, "granted_to", "", "reserved", 0, "charged_band", "", "flow", p.flow or "",
-      "prompt", p.prompt or p.cost}
+      "prompt", p.prompt or p.cost, "ceiling", p.ceiling or ""}
     if p.rpm then fields[#fields + 1] = "rpm"; fields[#fields + 1] = p.rpm end
     if p.tpm then fields[#fields + 1] = "tpm"; fields[#fields + 1] = p.tpm end
     redis.call("HSET", k_ticket(p.ticket_id), unpack(fields))

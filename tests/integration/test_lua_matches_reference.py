@@ -108,6 +108,7 @@ def test_random_workload_same_decisions(redis_url: str, seed: int, uniform: bool
                 ticket_id=f"s{seed}-{step}", tenant=rng.choice(TENANTS), band=rng.choice(BANDS).name,
                 cost=rng.randint(1, 600), weight=0, length_class=rng.choice(["short", "short", "long"]),
                 flow=rng.choice(FLOWS), prompt_tokens=rng.choice([0, 40, 250]),
+                ceiling=rng.choice(["", "", "interactive", "standard", "batch"]),
             )
             spec = TicketSpec(**{**spec.__dict__, "weight": WEIGHTS[spec.tenant]})
             got = lua.enqueue(spec, now)

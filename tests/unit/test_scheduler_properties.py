@@ -241,3 +241,15 @@ def test_higher_bands_first_except_aged(ops) -> None:
                     assert now - arrived_at >= AGING[original], "overtook a higher band without aging"
 
     _run(ops, [ReplicaCapacity("r1", 2, 10**9), ReplicaCapacity("r2", 1, 10**9)], on_grants)
+
+
+def test_aging_stops_at_the_tenants_ceiling() -> None:
+    """A batch-etl ticket (ceiling "standard") ages into standard and no further; one without a ceiling
+    goes on to the top band. No replica, so nothing is granted while they age."""
+    scheduler = ReferenceScheduler(BANDS)
+    scheduler.enqueue(TicketSpec("capped", "etl", "low", 10, ceiling="mid"), 0, LEASE)
+    scheduler.enqueue(TicketSpec("free", "etl", "low", 10), 0, LEASE)
+    for now in range(0, 1000, 10):
+        scheduler.expire(now)
+    assert scheduler.tickets["capped"].band == "mid"
+    assert scheduler.tickets["free"].band == "high"
