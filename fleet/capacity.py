@@ -52,8 +52,16 @@ class CapacityRegistration:
         self._metrics.start()
 
     def stop(self) -> None:
-        """Stop renewing; the lease lapses (deregistration needs a running loop, which __del__ lacks)."""
+        """Stop renewing; the lease lapses unless :meth:`deregister` removes it at once."""
         if self._task is not None:
             self._task.cancel()
         if self._metrics is not None:
             self._metrics.stop()
+
+    async def deregister(self, timeout_s: float = 2.0) -> None:
+        """Leave the fleet at once (a graceful stop): no grant comes here any more. Best effort: if Redis does
+        not answer in time, the lease lapses instead."""
+        try:
+            await asyncio.wait_for(self.queue.deregister_replica(self._capacity.replica_id), timeout_s)
+        except Exception as exc:
+            logger.warning("could not deregister (%s); the lease will lapse", type(exc).__name__)

@@ -194,10 +194,17 @@ class QueuePlace:
         self.pool, self.replica_id = grant.pool, grant.replica_id
 
     async def requeue(self) -> None:
-        """Back to the head of the tenant's queue; wait for the next grant."""
+        """The granted replica is gone (another answered for it): take it out of the fleet, so no grant goes
+        there again (a live replica this gateway's router has not seen yet re-registers on its next heartbeat),
+        then back to the head of the tenant's queue to wait for the next grant."""
         self._requeues += 1
         if self._requeues > MAX_REQUEUES:
             raise UpstreamUnavailable("The granted replicas kept disappearing; retry shortly.")
+        if self.replica_id is not None:
+            try:
+                await self._session.queue.deregister_replica(self.replica_id)
+            except redis.RedisError:  # its lease lapses instead
+                logger.warning("could not deregister a replica that is gone")
         self._take(await self._admission.await_grant(self._session.wait_again(self._spec, self._max_wait_s)))
 
     async def release(self, served_tokens: int) -> None:

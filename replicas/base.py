@@ -6,8 +6,9 @@ the first message of every reply is a :class:`ReplicaReply` header, then (for st
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -46,6 +47,7 @@ class ReplicaBase:
     tracker: RequestTracker
     _registration: CapacityRegistration | None = None
     _reporter: SignalReporter | None = None
+    _left = False
 
     def _adopt(self, spec: ReplicaSpec) -> None:
         self.spec = spec
@@ -116,11 +118,23 @@ class ReplicaBase:
         """The engine's reply to one request (run under ``body["request_id"]``), in ``generate``'s format."""
         raise NotImplementedError
 
-    def _leave_fleet(self) -> None:
+    def _leave_fleet(self) -> Awaitable[None] | None:
+        """Stop reporting and renewing, once. With an event loop running (Serve's graceful stop calls
+        ``__del__`` there and awaits what it returns) also the coroutine that deregisters at once, so the
+        queue grants nothing more here; otherwise the lease lapses."""
+        if self._left:
+            return None
+        self._left = True
         if self._reporter is not None:
             self._reporter.stop()
-        if self._registration is not None:
-            self._registration.stop()
+        if self._registration is None:
+            return None
+        self._registration.stop()
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # garbage collection, no loop: the lease lapses
+            return None
+        return self._registration.deregister()
 
 
 def serve_replica_id() -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 from policies.types import EngineSignals
@@ -86,11 +86,13 @@ class VLLMReplica(ReplicaBase):
         """Requests the engine has not finished yet (running or waiting): what an abort must bring to 0."""
         return self._engine.output_processor.get_num_unfinished_requests()
 
-    def __del__(self) -> None:
-        self._leave_fleet()
+    def __del__(self) -> Awaitable[None] | None:
+        """Serve's graceful stop: leave the fleet (Serve awaits the deregistration returned), stop the engine."""
+        leaving = self._leave_fleet()
         engine = getattr(self, "_engine", None)
         if engine is not None:
             engine.shutdown()
+        return leaving
 
 
 def _prepare_process_environment(cpu_binding: CpuBinding | None, cache_dir: str | None) -> None:

@@ -13,7 +13,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 from policies.types import EngineSignals
@@ -112,6 +112,13 @@ class SimReplica(ReplicaBase):
     async def models(self) -> dict[str, Any]:
         """The served model, as vLLM lists it."""
         return {"object": "list", "data": [{"id": self._model, "object": "model", "owned_by": "fleetgate-sim"}]}
+
+    def __del__(self) -> Awaitable[None] | None:
+        """Serve's graceful stop: stop the engine loop and leave the fleet (Serve awaits the deregistration)."""
+        task = getattr(self, "_loop_task", None)
+        if task is not None:
+            task.cancel()
+        return self._leave_fleet()
 
     async def check_health(self) -> None:
         """Healthy while the engine loop runs."""

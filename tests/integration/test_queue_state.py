@@ -47,3 +47,17 @@ async def test_index_entries_left_behind_are_dropped(redis_url: str) -> None:
     assert (await queue.complete("t1", 10)).grants[0].ticket_id == "t2"  # dispatch walks past the ghosts
     assert await queue.client.zscore(prefix["replica_index"] + "short||:only", "ghost") is None
     assert await queue.client.zscore(prefix["tenant_index"] + "only:short", "ghost-tenant") is None
+
+
+async def test_a_deregistered_replica_gets_no_requeued_ticket(redis_url: str) -> None:
+    """A replica that left (graceful stop, or gone as the gateway learned from a misroute) is out of the
+    fleet at once: the ticket requeued from it goes to another replica, not back to it."""
+    queue = _queue(redis_url)
+    for replica in ("leaving", "staying"):
+        await queue.register_replica(ReplicaCapacity(replica, 1, 1000), lease_ms=60_000)
+    (grant,) = (await queue.enqueue(TicketSpec("t1", "acme", "only", 10))).grants
+    other = "staying" if grant.replica_id == "leaving" else "leaving"
+    await queue.deregister_replica(grant.replica_id)
+    requeued = await queue.requeue("t1")
+    assert requeued.moved and [g.replica_id for g in requeued.grants] == [other]
+    assert [r.replica_id for r in (await queue.snapshot()).replicas] == [other]

@@ -62,6 +62,9 @@ def replica(tiny_model_path: Path, queue_config: QueueConfig) -> Iterator[object
     yield handle
     serve.shutdown()
     ray.shutdown()
+    # a graceful stop deregisters at once: the replica is gone well before its 10 s lease would lapse
+    queue = global_queue(queue_config, aioredis.Redis.from_url(queue_config.redis_url))
+    assert asyncio.run(queue.snapshot()).replicas == []  # a read: it reaps nothing
 
 
 async def _collect(replica, endpoint: str, body: dict) -> list:

@@ -123,3 +123,33 @@ def test_tracker_counts_requests_until_their_first_token() -> None:
     tracker.leave(c)
     tracker.leave(a)
     assert tracker.unstarted == 0 and tracker.received == 3
+
+
+class _Registration:
+    def __init__(self) -> None:
+        self.stopped = self.deregistered = 0
+
+    def stop(self) -> None:
+        self.stopped += 1
+
+    async def deregister(self) -> None:
+        self.deregistered += 1
+
+
+async def test_a_replica_leaving_on_a_running_loop_deregisters_once() -> None:
+    from replicas.base import ReplicaBase
+
+    replica = ReplicaBase()
+    replica._registration = registration = _Registration()
+    leaving = replica._leave_fleet()
+    assert leaving is not None and replica._leave_fleet() is None  # Serve's call, then the GC's: once
+    await leaving
+    assert (registration.stopped, registration.deregistered) == (1, 1)
+
+
+def test_a_replica_collected_without_a_loop_lets_its_lease_lapse() -> None:
+    from replicas.base import ReplicaBase
+
+    replica = ReplicaBase()
+    replica._registration = registration = _Registration()
+    assert replica._leave_fleet() is None and registration.stopped == 1 and registration.deregistered == 0
