@@ -124,12 +124,12 @@ def test_work_conserving_no_open_replica_idles_while_a_ticket_it_can_run_waits(o
 @given(ops=operations)
 def test_guarded_class_only_on_a_replica_with_nothing_pending(ops) -> None:
     def check(scheduler: ReferenceScheduler, grants, before) -> None:
-        # grants come last in a call, each adding its work to its replica's pending work (its prompt tokens
-        # with current signals, its reserve with stale ones): a grant met pending work of (pending after the
+        # grants come last in a call, each adding its work to its replica's pending work (its prompt tokens up
+        # to the replica's chunk with current signals, its reserve with stale ones): a grant met pending work of (pending after the
         # call) minus what it and the later grants to its replica added
         def added(grant) -> int:
             ticket = scheduler.tickets[grant.ticket_id]
-            return ticket.spec.prefill_tokens if scheduler.replicas[grant.replica_id].fresh else ticket.reserved_tokens
+            return ticket.credit if scheduler.replicas[grant.replica_id].fresh else ticket.reserved_tokens
 
         for index, grant in enumerate(grants):
             replica = scheduler.replicas[grant.replica_id]
