@@ -23,6 +23,10 @@ class BandConfig(BaseModel):
     aging_s: float = Field(0, ge=0, description="Starvation guard: waiting this long promotes a ticket one band.")
     max_queued: int = Field(10_000, ge=1, description="Most tickets waiting in this band (then 429).")
     max_queued_tokens: int = Field(50_000_000, ge=1, description="Most estimated tokens waiting (then 429).")
+    tenant_share: float = Field(
+        0.5, gt=0, le=1, description="The most of max_queued and max_queued_tokens one tenant may hold waiting "
+        "(then 429 tenant_queue_full): one tenant's flood cannot fill the band and lock the others out.",
+    )
     max_unstarted_steps: float | None = Field(
         None, gt=0, description="Gate: a replica whose engine reports current signals takes this band's tickets "
         "only while the prompt tokens it has not started (requests waiting, in transit or still prefilling, plus "

@@ -18,7 +18,7 @@ def queue_settings(config: QueueConfig) -> QueueSettings:
     bands = tuple(
         BandPolicy(b.name, aging_ms=int(b.aging_s * 1000), max_queued=b.max_queued,
                    max_queued_tokens=b.max_queued_tokens, max_unstarted_steps=b.max_unstarted_steps or 1.0,
-                   kv_ceiling=b.kv_ceiling or 1.0)
+                   kv_ceiling=b.kv_ceiling or 1.0, tenant_share=b.tenant_share)
         for b in config.bands
     )
     return QueueSettings(bands=bands, lease_ms=int(config.lease_s * 1000),

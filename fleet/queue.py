@@ -69,6 +69,7 @@ class QueueSettings:
             "bands": [
                 {"name": b.name, "aging_ms": b.aging_ms, "max_queued": b.max_queued,
                  "max_queued_tokens": b.max_queued_tokens, "max_unstarted_steps": float(b.max_unstarted_steps),
+                 "tenant_share": float(b.tenant_share),
                  "kv_ceiling": float(b.kv_ceiling)}
                 for b in self.bands
             ],

@@ -64,6 +64,8 @@ class _Ticket:
 class _TenantFlows:
     queues: dict[str, Fifo] = field(default_factory=dict)  # waiting flows -> their tickets
     counters: dict[str, float] = field(default_factory=dict)  # flow -> service inside the tenant
+    queued: int = 0  # the tenant's waiting tickets in the band, and their tokens
+    queued_tokens: int = 0
 
 
 @dataclass
@@ -245,6 +247,10 @@ class ReferenceScheduler:
             return "queue_full"
         if state.queued_tokens + spec.cost > band.max_queued_tokens:
             return "queue_tokens_full"
+        mine = state.tenants.get(spec.tenant) or _TenantFlows()
+        if (mine.queued >= band.tenant_share * band.max_queued
+                or mine.queued_tokens + spec.cost > band.tenant_share * band.max_queued_tokens):
+            return "tenant_queue_full"
         ticket = _Ticket(spec=spec, band=spec.band, entered_band_ms=now_ms, lease_expires_ms=now_ms + lease_ms)
         self.tickets[spec.ticket_id] = ticket
         self._push(ticket, spec.band, now_ms, at_head=False)
@@ -265,6 +271,8 @@ class ReferenceScheduler:
         self._positions += 1
         ticket.position = -self._positions if at_head else self._positions
         flows.queues[flow].add(ticket.spec.ticket_id, ticket.spec.length_class, ticket.position, at_head)
+        flows.queued += 1
+        flows.queued_tokens += ticket.spec.cost
         ticket.band, ticket.entered_band_ms, ticket.aging_stopped = band, now_ms, False
         state.queued += 1
         state.queued_tokens += ticket.spec.cost
@@ -273,6 +281,8 @@ class ReferenceScheduler:
         state = self._state[ticket.band]
         flows = state.tenants[ticket.spec.tenant]
         emptied = flows.queues[ticket.spec.flow].remove(ticket.spec.ticket_id, ticket.spec.length_class)
+        flows.queued -= 1
+        flows.queued_tokens -= ticket.spec.cost
         state.queued -= 1
         state.queued_tokens -= ticket.spec.cost
         if emptied:

@@ -25,6 +25,9 @@ class BandPolicy:
     max_queued_tokens: int = 10_000_000
     max_unstarted_steps: float = 3.0
     kv_ceiling: float = 1.0
+    tenant_share: float = 1.0
+    """The most of ``max_queued`` and ``max_queued_tokens`` one tenant may hold waiting: one tenant's flood
+    cannot fill the band and lock every other tenant out of it."""
 
 
 @dataclass(frozen=True)

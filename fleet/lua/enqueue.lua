@@ -2,6 +2,14 @@
 -- PAYLOAD: {ticket_id, tenant, band, cost, weight, class, owner, flow, prompt, ceiling, rpm, tpm} (rpm, tpm: the tenant's
 -- limits, absent when unlimited). A repeat of an enqueue that went through answers "duplicate", with the
 -- ticket's grant if it has one (the retried caller never got the first reply).
+-- whether the tenant's waiting tickets in the band would pass its share of the band's limits
+local function tenant_over_share(band, tenant, cost)
+  local mine = tonumber(redis.call("HGET", k_tenant_queued(band.name), tenant) or "0")
+  local mine_tokens = tonumber(redis.call("HGET", k_tenant_tokens(band.name), tenant) or "0")
+  return mine >= band.tenant_share * band.max_queued
+    or mine_tokens + cost > band.tenant_share * band.max_queued_tokens
+end
+
 reap()
 promote_aged()  -- aged tickets move up before this one enters: they arrived earlier
 local p = PAYLOAD
@@ -25,6 +33,8 @@ else
     status = "queue_full"
   elseif queued_tokens + p.cost > band.max_queued_tokens then
     status = "queue_tokens_full"
+  elseif tenant_over_share(band, p.tenant, p.cost) then
+    status = "tenant_queue_full"
   else
     retry_ms = rate_take(p.tenant, p.rpm, p.tpm, p.cost)
     if retry_ms > 0 then status = "rate_limited" end

@@ -27,9 +27,11 @@ from policies.types import BandPolicy, EngineSignals, ReplicaCapacity, TicketSpe
 pytestmark = pytest.mark.integration
 
 BANDS = (
-    BandPolicy("interactive", aging_ms=0, max_queued=40, max_queued_tokens=8000, max_unstarted_steps=3.0, kv_ceiling=0.95),
+    BandPolicy("interactive", aging_ms=0, max_queued=40, max_queued_tokens=8000, tenant_share=0.5,
+               max_unstarted_steps=3.0, kv_ceiling=0.95),
     BandPolicy("standard", aging_ms=900, max_queued=40, max_queued_tokens=8000, max_unstarted_steps=1.5, kv_ceiling=0.85),
-    BandPolicy("batch", aging_ms=1500, max_queued=30, max_queued_tokens=6000, max_unstarted_steps=1.0, kv_ceiling=0.6),
+    BandPolicy("batch", aging_ms=1500, max_queued=30, max_queued_tokens=6000, tenant_share=0.09,
+               max_unstarted_steps=1.0, kv_ceiling=0.6),  # a tenant's share: 2 tickets, 540 tokens
 )
 LEASE_MS = 4000
 STALE_MS = 300  # short, so signals go stale (and the gate falls back) often
@@ -120,8 +122,10 @@ def test_random_workload_same_decisions(redis_url: str, seed: int, uniform: bool
             replica = _replica(rng, rng.choice(replica_ids), uniform)
             outcome = lua.register_replica(replica, LEASE_MS, now)
             assert outcome == ref.register_replica(replica, now, LEASE_MS)
-        elif op < 0.64:  # a replica reports; it acknowledges some grants (its own, others', gone ones)
-            replica_id, signals = rng.choice(replica_ids), _signals(rng)
+        elif op < 0.64 or step % 40 == 39:  # a replica reports; it acknowledges some grants (its own, others',
+            replica_id, signals = rng.choice(replica_ids), _signals(rng)  # gone ones); now and then a busy one
+            if step % 40 == 39:
+                signals = EngineSignals(unstarted_tokens=450, kv_usage=0.9)
             received = [t for t in granted + ["no-such-ticket"] if rng.random() < 0.5]
             outcome = lua.report_signals(replica_id, signals, received, now)
             assert outcome == ref.report_signals(replica_id, signals, received, now)

@@ -253,3 +253,10 @@ def test_aging_stops_at_the_tenants_ceiling() -> None:
         scheduler.expire(now)
     assert scheduler.tickets["capped"].band == "mid"
     assert scheduler.tickets["free"].band == "high"
+
+
+def test_one_tenant_cannot_fill_a_band_and_lock_the_others_out() -> None:
+    scheduler = ReferenceScheduler([BandPolicy("only", max_queued=10, tenant_share=0.5)])  # no replica: all wait
+    flood = [scheduler.enqueue(TicketSpec(f"f{i}", "flood", "only", 10), 0, LEASE).status for i in range(10)]
+    assert flood == ["admitted"] * 5 + ["tenant_queue_full"] * 5
+    assert scheduler.enqueue(TicketSpec("calm", "calm", "only", 10), 0, LEASE).status == "admitted"
