@@ -58,6 +58,16 @@ class CapacityRegistration:
         if self._metrics is not None:
             self._metrics.stop()
 
+    async def holds_grant(self, ticket_id: str) -> bool:
+        """True when the queue granted ``ticket_id`` to this replica (a Redis failure counts as yes: a
+        request granted before Redis went away still runs)."""
+        try:
+            granted_to = await self.queue.client.hget(self.queue.keys.ticket(ticket_id), "granted_to")
+        except Exception as exc:
+            logger.warning("could not check a grant (%s); serving it", type(exc).__name__)
+            return True
+        return granted_to is not None and granted_to.decode() == self._capacity.replica_id
+
     async def deregister(self, timeout_s: float = 2.0) -> None:
         """Leave the fleet at once (a graceful stop): no grant comes here any more. Best effort: if Redis does
         not answer in time, the lease lapses instead."""

@@ -65,6 +65,10 @@ class QueueKeys:
         """Each data-named key family's prefix, as the scripts receive them."""
         return {family: self.prefix + part for family, part in FAMILIES.items()}
 
+    def ticket(self, ticket_id: str) -> str:
+        """One ticket's hash (who it is granted to, among the rest)."""
+        return f"{self.prefix}{FAMILIES['ticket']}{ticket_id}"
+
     def inbox(self, owner: str) -> str:
         """The list a gateway replica blocks on for its grants."""
         return f"{self.prefix}{FAMILIES['inbox']}{owner}"

@@ -91,6 +91,11 @@ class AccessConfig(BaseModel):
         False, description="Local use, anonymous requests only: x-tenant-id names the tenant (no authentication)."
     )
     reload_interval_s: float = Field(2.0, gt=0, description="How often each gateway checks the file for changes.")
+    isolate_prefix_cache: bool = Field(
+        False, description="Give each tenant's requests their own vLLM prefix-cache salt (`cache_salt`, set by the "
+        "gateway, a client's own replaced), so no tenant can time another's prompts through shared cache hits. "
+        "Costs the cache hits tenants would share (a common system prompt). On in deploy/gpu.yaml.",
+    )
 
 
 class MetricsConfig(BaseModel):

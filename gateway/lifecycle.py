@@ -10,6 +10,7 @@ streamed response is done with, even one that never started.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -47,6 +48,7 @@ class RequestLifecycle:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._served_model_name, self._max_body_bytes, self._queue = served_model_name, max_body_bytes, queue
         self._template_options = template_options
+        self._isolate_cache = access.config.isolate_prefix_cache
         self._access, self._classifier, self._admission = access, classifier, admission
         self._pools, self._metrics, self._clock = pools, metrics, clock
 
@@ -69,7 +71,8 @@ class RequestLifecycle:
                 self._metrics.capped.labels(self._metrics.tenant(tenant_id), decision.requested, band).inc()
             stages.lap("authorise")
             size = await self._classifier.classify(parsed, await self._pools.max_model_len())
-            client_wants_usage = _prepare_body(parsed, self._queue.vllm_priority(band))
+            client_wants_usage = _prepare_body(parsed, self._queue.vllm_priority(band),
+                                               cache_salt(tenant.id) if self._isolate_cache else None)
             stages.lap("count_tokens")
             admission = AdmissionRequest(parsed, tenant, decision, asked, size, arrived)
             place = await self._admission.admit(admission)
@@ -163,10 +166,18 @@ class Stages:
         self._last = self._clock()
 
 
-def _prepare_body(parsed: ParsedRequest, vllm_priority: int) -> bool:
-    """Give the body its band's vLLM priority (a client's own is overwritten) and, for a stream, always ask
-    vLLM for the usage chunk (tenants are charged by it); returns whether the client asked for it."""
+def cache_salt(tenant_id: str) -> str:
+    """The tenant's own prefix-cache salt: requests of different tenants never share cached blocks."""
+    return hashlib.sha256(f"fleetgate-tenant:{tenant_id}".encode()).hexdigest()[:32]
+
+
+def _prepare_body(parsed: ParsedRequest, vllm_priority: int, salt: str | None = None) -> bool:
+    """Give the body its band's vLLM priority (a client's own is overwritten), the tenant's cache salt when
+    prefix caches are isolated (likewise), and, for a stream, always ask vLLM for the usage chunk (tenants are
+    charged by it); returns whether the client asked for it."""
     parsed.body["priority"] = vllm_priority
+    if salt is not None:
+        parsed.body["cache_salt"] = salt
     client_wants_usage = bool((parsed.body.get("stream_options") or {}).get("include_usage"))
     if parsed.stream:
         parsed.body["stream_options"] = {**(parsed.body.get("stream_options") or {}), "include_usage": True}

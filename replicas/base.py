@@ -22,6 +22,7 @@ from replicas.spec import ReplicaSpec
 
 Endpoint = Literal["chat", "completion"]
 MISROUTED = 421  # "misdirected request": the call reached a replica other than the granted one
+NO_GRANT = 403  # with the global queue on, a call must carry a grant the queue made to this replica
 
 
 class ReplicaReply(BaseModel):
@@ -99,6 +100,9 @@ class ReplicaBase:
         if granted_replica is not None and granted_replica != self.replica_id:
             yield ReplicaReply(status=MISROUTED).model_dump()
             return
+        if self._registration is not None and not await self._holds_grant(ticket_id):
+            yield ReplicaReply(status=NO_GRANT, body=_no_grant()).model_dump()
+            return
         key = self.tracker.enter(prompt_tokens)
         body["request_id"] = key  # the engine's id for it: the replica's own, never the client's
         if ticket_id is not None and self._reporter is not None:
@@ -113,6 +117,9 @@ class ReplicaBase:
         finally:
             self.tracker.leave(key)
             self.engine_stepped()  # an abort changes the engine's state without a step
+
+    async def _holds_grant(self, ticket_id: str | None) -> bool:
+        return ticket_id is not None and self._registration is not None and await self._registration.holds_grant(ticket_id)
 
     def serve(self, endpoint: Endpoint, body: dict[str, Any]) -> AsyncIterator[dict[str, Any] | str]:
         """The engine's reply to one request (run under ``body["request_id"]``), in ``generate``'s format."""
@@ -135,6 +142,11 @@ class ReplicaBase:
         except RuntimeError:  # garbage collection, no loop: the lease lapses
             return None
         return self._registration.deregister()
+
+
+def _no_grant() -> dict[str, Any]:
+    return {"error": {"message": "This replica serves only requests the global queue granted to it.",
+                      "type": "permission_error", "param": None, "code": "no_grant"}}
 
 
 def serve_replica_id() -> str:

@@ -3,7 +3,7 @@
 The deployment is the shipped local config, engine settings and gates included, with these changes: 2
 gateway replicas (fleet-wide ordering and limits across gateways), 8 Redis connections per gateway (so a
 burst waits for them), API keys required (no anonymous access) from a tenants file written for the tests,
-and metrics published every second.
+per-tenant prefix-cache salts (as deploy/gpu.yaml), and metrics published every second.
 """
 
 from __future__ import annotations
@@ -85,7 +85,8 @@ def base_url(tiny_model_path: Path, redis_url: str, tenants_file: Path, api_keys
 
     def for_tests(args: dict) -> None:
         args["gateway"]["num_replicas"] = GATEWAY_REPLICAS
-        args["access"] = {"tenants_file": str(tenants_file), "allow_anonymous": False, "reload_interval_s": 0.5}
+        args["access"] = {"tenants_file": str(tenants_file), "allow_anonymous": False, "reload_interval_s": 0.5,
+                          "isolate_prefix_cache": True}  # as deploy/gpu.yaml: every request carries its salt
         args["metrics"] = {"publish_interval_s": 1.0, "scrape_key_sha256": hash_key(SCRAPE_KEY)}
         args["queue"]["redis_max_connections"] = REDIS_CONNECTIONS
 

@@ -40,8 +40,9 @@ ENGINE = EngineSettings(
 
 @pytest.fixture(scope="module")
 def queue_config(redis_url: str) -> QueueConfig:
-    return QueueConfig(redis_url=redis_url, namespace=f"replica{uuid.uuid4().hex[:8]}", signal_heartbeat_s=0.2,
-                       signal_stale_s=1.0)
+    QUEUE["config"] = QueueConfig(redis_url=redis_url, namespace=f"replica{uuid.uuid4().hex[:8]}",
+                                  signal_heartbeat_s=0.2, signal_stale_s=1.0)
+    return QUEUE["config"]
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,23 @@ def replica(tiny_model_path: Path, queue_config: QueueConfig) -> Iterator[object
 
 
 async def _collect(replica, endpoint: str, body: dict) -> list:
-    return [item async for item in replica.options(stream=True).generate.remote(endpoint, body)]
+    """The replica's messages for one call, under a grant the queue made to it (it serves no other)."""
+    queue = _queue()
+    ticket = uuid.uuid4().hex
+    (grant,) = (await queue.enqueue(TicketSpec(ticket, "acme", "interactive", 10))).grants
+    try:
+        return [item async for item in replica.options(stream=True).generate.remote(
+            endpoint, body, granted_replica=grant.replica_id, ticket_id=ticket)]
+    finally:
+        await queue.complete(ticket, 10)
+
+
+QUEUE: dict[str, QueueConfig] = {}
+
+
+def _queue():
+    config = QUEUE["config"]
+    return global_queue(config, aioredis.Redis.from_url(config.redis_url))
 
 
 async def test_completion_with_priority(replica) -> None:
@@ -96,9 +113,19 @@ async def test_prompt_over_context_is_a_400_from_vllm(replica) -> None:
     assert "maximum context length" in header["body"]["error"]["message"]
 
 
+async def test_a_call_without_a_grant_to_this_replica_is_refused(replica) -> None:
+    body = {"model": TINY_MODEL_NAME, "prompt": "x", "max_tokens": 2}
+    for grant in ({}, {"ticket_id": "forged"}):  # no grant; a ticket the queue never granted here
+        replies = [item async for item in replica.options(stream=True).generate.remote("completion", body, **grant)]
+        assert [r["status"] for r in replies] == [403] and replies[0]["body"]["error"]["code"] == "no_grant"
+
+
 async def test_cancelled_caller_aborts_the_engine_request(replica) -> None:
     body = {"model": TINY_MODEL_NAME, "prompt": "x", "max_tokens": 4000, "ignore_eos": True, "stream": True}
-    replies = replica.options(stream=True).generate.remote("completion", body)
+    queue = _queue()
+    (grant,) = (await queue.enqueue(TicketSpec("t-abort", "acme", "interactive", 10))).grants
+    replies = replica.options(stream=True).generate.remote("completion", body, granted_replica=grant.replica_id,
+                                                           ticket_id="t-abort")
     header = await replies.__anext__()
     assert header["stream"]
     for _ in range(3):
@@ -110,6 +137,7 @@ async def test_cancelled_caller_aborts_the_engine_request(replica) -> None:
     while await replica.unfinished_requests.remote() != 0:
         assert time.monotonic() - cancelled_at < 5.0, "the engine request was not aborted"
         await asyncio.sleep(0.05)
+    await queue.complete("t-abort", 10)
 
 
 async def _replica_state(config: QueueConfig, until, timeout_s: float = 10) -> ReplicaState:

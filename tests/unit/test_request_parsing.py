@@ -77,3 +77,12 @@ def test_an_allowed_template_option_passes() -> None:
     parsed = parse_request(_chat(chat_template_kwargs={"enable_thinking": False}), "chat",
                            template_options=frozenset({"enable_thinking"}))
     assert parsed.body["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+def test_each_tenant_gets_its_own_prefix_cache_salt_and_a_clients_is_replaced() -> None:
+    from gateway.lifecycle import _prepare_body, cache_salt
+
+    parsed = parse_request(_chat(cache_salt="someone-elses-salt"), "chat")
+    _prepare_body(parsed, vllm_priority=1, salt=cache_salt("acme"))
+    assert parsed.body["cache_salt"] == cache_salt("acme") != cache_salt("other")
+    assert parsed.body["priority"] == 1
