@@ -98,6 +98,9 @@ class AccessConfig(BaseModel):
     )
 
 
+SCRAPE_KEY_ENV = "FLEETGATE_SCRAPE_KEY_SHA256"
+
+
 class MetricsConfig(BaseModel):
     """Prometheus metrics: every gateway and replica publishes its own; any gateway's /metrics shows all."""
 
@@ -106,10 +109,21 @@ class MetricsConfig(BaseModel):
     publish_interval_s: float = Field(2.0, gt=0, description="How often each process publishes to Redis.")
     tenant_labels: bool = Field(True, description="Label queue and request metrics by tenant.")
     scrape_key_sha256: str | None = Field(
-        None, pattern=r"^[0-9a-f]{64}$",
+        default_factory=lambda: os.environ.get(SCRAPE_KEY_ENV) or None, pattern=r"^[0-9a-f]{64}$",
         description="When set, /metrics needs 'Authorization: Bearer <key>' with this SHA-256 (tenant keys do not "
-        "open it); unset, /metrics is open (keep it on the scrapers' network).",
+        f"open it); unset, /metrics is open (keep it on the scrapers' network). Default: ${SCRAPE_KEY_ENV}.",
     )
+    require_scrape_key: bool = Field(
+        False, description="Refuse to start without a scrape key: /metrics shows every tenant's usage, so a "
+        "production config (deploy/gpu.yaml) sets this and takes the key's SHA-256 from a Secret.",
+    )
+
+    @model_validator(mode="after")
+    def _key_when_required(self) -> "MetricsConfig":
+        if self.require_scrape_key and not self.scrape_key_sha256:
+            raise ValueError(f"metrics.require_scrape_key is set but no scrape key is: set {SCRAPE_KEY_ENV} (the "
+                             "SHA-256 of the key scrapers send) or metrics.scrape_key_sha256")
+        return self
 
 
 class AppConfig(BaseModel):

@@ -11,6 +11,12 @@ from gateway.config import AppConfig
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
 
+@pytest.fixture(autouse=True)
+def scrape_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The production config requires a scrape key: the environment gives its SHA-256, as the RayService does."""
+    monkeypatch.setenv("FLEETGATE_SCRAPE_KEY_SHA256", "ab" * 32)
+
+
 @pytest.mark.parametrize("config_file", ["local.yaml", "gpu.yaml"])
 def test_shipped_configs_validate(config_file: str) -> None:
     document = yaml.safe_load((DEPLOY / config_file).read_text())
@@ -102,3 +108,11 @@ def test_a_redis_url_from_the_environment_is_not_a_silent_override(monkeypatch, 
     with caplog.at_level("WARNING"):
         assert QueueConfig(redis_url="redis://127.0.0.1:6379/0").resolved_redis_url().endswith("elsewhere:6379/0")
     assert "overrides queue.redis_url" in caplog.text and "secret" not in caplog.text
+
+
+def test_the_production_config_refuses_to_start_with_metrics_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FLEETGATE_SCRAPE_KEY_SHA256")
+    args = yaml.safe_load((DEPLOY / "gpu.yaml").read_text())["applications"][0]["args"]
+    with pytest.raises(ValidationError, match="FLEETGATE_SCRAPE_KEY_SHA256"):
+        AppConfig.model_validate(args)
+    assert AppConfig.model_validate(_local_args()).metrics.scrape_key_sha256 is None  # local: open, on 127.0.0.1
