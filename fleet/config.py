@@ -106,6 +106,10 @@ class QueueConfig(BaseModel):
         description="Prompt-length classes, shortest first, the last unbounded (placement and metrics use them).",
     )
     default_output_tokens: int = Field(256, ge=1, description="Output estimate when max_tokens is unset.")
+    max_flows_per_tenant: int = Field(
+        64, ge=1, description="Waiting flows (x-gateway-inference-fairness-id) one tenant may have in a band; a "
+        "request of one more joins a shared overflow flow, so no client's stream of fresh ids grows Redis.",
+    )
     signal_interval_s: float = Field(
         0.05, gt=0, description="A replica reports its engine's signals at most this often (it reports on engine "
         "steps: every step would be hundreds of writes a second per replica).",

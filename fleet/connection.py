@@ -22,7 +22,7 @@ def queue_settings(config: QueueConfig) -> QueueSettings:
         for b in config.bands
     )
     return QueueSettings(bands=bands, lease_ms=int(config.lease_s * 1000),
-                         signal_stale_ms=int(config.signal_stale_s * 1000))
+                         signal_stale_ms=int(config.signal_stale_s * 1000), max_flows=config.max_flows_per_tenant)
 
 
 def redis_client(config: QueueConfig, max_connections: int | None = None, url: str | None = None) -> aioredis.Redis:

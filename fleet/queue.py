@@ -60,6 +60,7 @@ class QueueSettings:
     lease_ms: int = 15_000
     max_grants: int = 64  # per call; a call that stops there says so, and the client dispatches again
     bulk_limit: int = 64  # per call: leases reaped, signals gone stale, tickets aged per band (64 reaped: ~4 ms)
+    max_flows: int = 64  # waiting flows per tenant and band; a ticket of one more joins the overflow flow
     inbox_ttl_ms: int = 60_000
     signal_stale_ms: int = 2_000
 
@@ -74,7 +75,7 @@ class QueueSettings:
                 for b in self.bands
             ],
             "max_grants": self.max_grants, "bulk_limit": self.bulk_limit, "lease_ms": self.lease_ms,
-            "inbox_ttl_ms": self.inbox_ttl_ms, "signal_stale_ms": self.signal_stale_ms,
+            "inbox_ttl_ms": self.inbox_ttl_ms, "signal_stale_ms": self.signal_stale_ms, "max_flows": self.max_flows,
             "keys": keys.families(),
         })  # fmt: skip
 

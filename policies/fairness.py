@@ -8,7 +8,9 @@ Hence the counters of active tenants stay within one weighted request cost of ea
 continuously backlogged tenants' weighted service differs by at most 2x the largest weighted cost.
 
 Flows inside a tenant (the fairness id a client may send) get a second, unweighted level with the same
-rules (tried in counter order), kept only while the tenant has waiting work in the band.
+rules (tried in counter order). A flow's counter lives only while the flow has waiting work (an idle flow
+banks nothing, and no client's stream of fresh ids grows the state), and a tenant has at most ``max_flows``
+waiting flows in a band: a ticket of a further flow joins the shared overflow flow (:data:`OVERFLOW_FLOW`).
 
 The functions take the counters as plain mappings: the state is the caller's (Redis, or the reference).
 """
@@ -16,6 +18,15 @@ The functions take the counters as plain mappings: the state is the caller's (Re
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+
+
+OVERFLOW_FLOW = "~"  # never a client's fairness id (the gateway allows no "~" in one)
+
+
+def flow_of(asked: str, waiting_flows: Iterable[str], max_flows: int) -> str:
+    """The flow a ticket joins: the one it asked for, unless that would be one waiting flow too many."""
+    waiting = set(waiting_flows)
+    return asked if asked in waiting or len(waiting) < max_flows else OVERFLOW_FLOW
 
 
 def lifted(own: float, active: Iterable[float], idle_floor: float) -> float:

@@ -58,6 +58,7 @@ class _Ticket:
     credit: int = 0  # what the grant adds to its replica's in-flight tokens until acknowledged
     position: int = 0  # in its flow's order (policies.ordering)
     aging_stopped: bool = False  # it reached its ceiling: it ages no further in this band
+    flow: str = ""  # the flow it waits in (the one it asked for, or the overflow flow)
 
 
 @dataclass
@@ -81,7 +82,7 @@ class ReferenceScheduler:
     """In-memory model of the Redis global queue; same inputs give the same decisions as the Lua."""
 
     def __init__(self, bands: list[BandPolicy], max_grants_per_dispatch: int = 10**6, bulk_limit: int = 10**9,
-                 signal_stale_ms: int = 2_000) -> None:
+                 signal_stale_ms: int = 2_000, max_flows: int = 64) -> None:
         if not bands:
             raise ValueError("at least one band is required")
         self.bands = list(bands)
@@ -95,6 +96,7 @@ class ReferenceScheduler:
         # bounds, to mirror it; unbounded by default, as one call that the Lua splits into several)
         self.bulk_limit = bulk_limit
         self.signal_stale_ms = signal_stale_ms
+        self.max_flows = max_flows  # waiting flows per tenant and band
         self._positions = 0  # the flows' order: tail positions count up, head positions down
 
     # ----- calls (each: reap, apply, dispatch) -----
@@ -156,7 +158,7 @@ class ReferenceScheduler:
             self._release(ticket)
             correction = fairness.completion_correction(actual_cost, ticket.spec.cost, ticket.spec.weight)
             self._charge(ticket.charged_band, ticket.spec.tenant, correction)
-            self._charge_flow(ticket.charged_band, ticket.spec, actual_cost - ticket.spec.cost)
+            self._charge_flow(ticket.charged_band, ticket, actual_cost - ticket.spec.cost)
             self.served[ticket.spec.tenant] = self.served.get(ticket.spec.tenant, 0) + actual_cost
             del self.tickets[ticket_id]
         return CompleteResult(done, self._dispatch(now_ms))
@@ -183,7 +185,7 @@ class ReferenceScheduler:
             assert ticket is not None
             self._release(ticket)
             self._charge(ticket.charged_band, ticket.spec.tenant, -ticket.spec.cost / ticket.spec.weight)
-            self._charge_flow(ticket.charged_band, ticket.spec, -ticket.spec.cost)
+            self._charge_flow(ticket.charged_band, ticket, -ticket.spec.cost)
             ticket.granted_to = None
             self._push(ticket, ticket.band, now_ms, at_head=True)
         return RequeueResult(moved, self._dispatch(now_ms))
@@ -258,12 +260,13 @@ class ReferenceScheduler:
 
     def _push(self, ticket: _Ticket, band: str, now_ms: int, at_head: bool) -> None:
         state = self._state[band]
-        tenant, flow = ticket.spec.tenant, ticket.spec.flow
+        tenant = ticket.spec.tenant
         if tenant not in state.tenants:
             active = [state.counters[t] for t in state.tenants]
             state.counters[tenant] = fairness.lifted(state.counters.get(tenant, 0.0), active, state.virtual_time)
             state.tenants[tenant] = _TenantFlows()
         flows = state.tenants[tenant]
+        flow = ticket.flow = fairness.flow_of(ticket.spec.flow, flows.queues, self.max_flows)
         if flow not in flows.queues:
             active = [flows.counters[f] for f in flows.queues]
             flows.counters[flow] = fairness.lifted(flows.counters.get(flow, 0.0), active, 0.0)
@@ -280,13 +283,14 @@ class ReferenceScheduler:
     def _remove_waiting(self, ticket: _Ticket) -> None:
         state = self._state[ticket.band]
         flows = state.tenants[ticket.spec.tenant]
-        emptied = flows.queues[ticket.spec.flow].remove(ticket.spec.ticket_id, ticket.spec.length_class)
+        emptied = flows.queues[ticket.flow].remove(ticket.spec.ticket_id, ticket.spec.length_class)
         flows.queued -= 1
         flows.queued_tokens -= ticket.spec.cost
         state.queued -= 1
         state.queued_tokens -= ticket.spec.cost
         if emptied:
-            del flows.queues[ticket.spec.flow]
+            del flows.queues[ticket.flow]
+            del flows.counters[ticket.flow]  # an idle flow keeps no counter
             if not flows.queues:  # the tenant's last waiting ticket: its flow counters go too
                 del state.tenants[ticket.spec.tenant]
 
@@ -305,10 +309,10 @@ class ReferenceScheduler:
         state = self._state[band]
         state.counters[tenant] = state.counters.get(tenant, 0.0) + amount
 
-    def _charge_flow(self, band: str, spec: TicketSpec, amount: float) -> None:
-        flows = self._state[band].tenants.get(spec.tenant)
-        if flows is not None:  # an idle tenant's flow counters were dropped; nothing to correct
-            flows.counters[spec.flow] = flows.counters.get(spec.flow, 0.0) + amount
+    def _charge_flow(self, band: str, ticket: _Ticket, amount: float) -> None:
+        flows = self._state[band].tenants.get(ticket.spec.tenant)
+        if flows is not None and ticket.flow in flows.queues:  # an idle flow's counter was dropped: nothing to do
+            flows.counters[ticket.flow] += amount
 
     def _reap(self, now_ms: int) -> None:
         dead = sorted((cap.expires_ms, r) for r, cap in self.replicas.items() if cap.expires_ms <= now_ms)
@@ -378,7 +382,7 @@ class ReferenceScheduler:
 
     def _grant(self, ticket: _Ticket, replica: ReplicaCapacity, state: _BandState) -> Grant:
         tenant = ticket.spec.tenant
-        self._charge_flow(ticket.band, ticket.spec, ticket.spec.cost)  # while the flow still waits
+        self._charge_flow(ticket.band, ticket, ticket.spec.cost)  # while the flow still waits
         self._remove_waiting(ticket)
         state.virtual_time = state.counters[tenant]
         state.counters[tenant] += fairness.grant_charge(ticket.spec.cost, ticket.spec.weight)

@@ -10,10 +10,11 @@
 
 -- put a waiting ticket into its tenant's flow in `band`
 local function push(t, band, at_head)
+  t.flow = flow_of(band, t.tenant, t.asked_flow)
   activate(band, t.tenant, t.flow)
   t.position = next_position(at_head)
   if fifo_add(band, t.tenant, t.flow, t.class, t.id, at_head) then join_class(band, t.tenant, t.flow, t.class) end
-  redis.call("HSET", k_ticket(t.id), "band", band, "entered", NOW, "position", t.position)
+  redis.call("HSET", k_ticket(t.id), "band", band, "entered", NOW, "position", t.position, "flow", t.flow)
   redis.call("ZADD", k_wait(band), NOW, t.id)
   count_waiting(t, band, 1)
   t.band = band

@@ -42,12 +42,14 @@ else
   if not status then
     local fields = {"tenant", p.tenant, "band", p.band, "cost", p.cost, "weight", num(p.weight), "class", p.class,
       "owner", p.owner, "granted_to", "", "reserved", 0, "charged_band", "", "flow", p.flow or "",
+      "asked_flow", p.flow or "",
       "prompt", p.prompt or p.cost, "ceiling", p.ceiling or ""}
     if p.rpm then fields[#fields + 1] = "rpm"; fields[#fields + 1] = p.rpm end
     if p.tpm then fields[#fields + 1] = "tpm"; fields[#fields + 1] = p.tpm end
     redis.call("HSET", k_ticket(p.ticket_id), unpack(fields))
     redis.call("ZADD", K_LEASES, NOW + CFG.lease_ms, p.ticket_id)
     local t = {id = p.ticket_id, tenant = p.tenant, cost = p.cost, band = p.band, flow = p.flow or "",
+      asked_flow = p.flow or "",
       weight = tonumber(num(p.weight)), class = p.class, owner = p.owner, prompt = p.prompt or p.cost}
     own_grant = grant_at_once(t)
     if not own_grant then push(t, p.band, false) end

@@ -26,17 +26,25 @@ local function charge(band, tenant, amount)
   set_counter(band, tenant, counter(band, tenant) + amount)
 end
 
+-- an idle flow keeps no counter, so only a waiting flow is charged (a client's stream of fresh fairness
+-- ids grows no state)
 local function charge_flow(band, tenant, flow, amount)
   local flows = k_flows(band, tenant)
-  if redis.call("ZCARD", flows) == 0 then return end
+  if not redis.call("ZSCORE", flows, flow) then return end
   local value = tonumber(redis.call("HGET", k_flow_vtc(band, tenant), flow) or "0") + amount
   redis.call("HSET", k_flow_vtc(band, tenant), flow, num(value))
-  if redis.call("ZSCORE", flows, flow) then
-    redis.call("ZADD", flows, num(value), flow)
-    for _, class in ipairs(known_classes()) do
-      redis.call("ZADD", k_class_flows(band, tenant, class), "XX", num(value), flow)
-    end
+  redis.call("ZADD", flows, num(value), flow)
+  for _, class in ipairs(known_classes()) do
+    redis.call("ZADD", k_class_flows(band, tenant, class), "XX", num(value), flow)
   end
+end
+
+-- the flow a ticket joins: the one it asked for, unless that would be one waiting flow too many for its
+-- tenant in the band (then the shared overflow flow "~", never a client's fairness id)
+local function flow_of(band, tenant, asked)
+  local flows = k_flows(band, tenant)
+  if redis.call("ZSCORE", flows, asked) or redis.call("ZCARD", flows) < CFG.max_flows then return asked end
+  return "~"
 end
 
 -- lift `member` of the sorted set `active` (counters in hash `counters`) on activation
@@ -59,6 +67,7 @@ end
 local function deactivate_flow(band, tenant, flow)
   local flows = k_flows(band, tenant)
   redis.call("ZREM", flows, flow)
+  redis.call("HDEL", k_flow_vtc(band, tenant), flow)
   if redis.call("ZCARD", flows) == 0 then
     redis.call("ZREM", k_active(band), tenant)
     redis.call("DEL", k_flow_vtc(band, tenant))

@@ -43,9 +43,12 @@ WEIGHTS = {"acme": 1.0, "blue": 2.0, "core": 0.5, "delta": 3.0}
 def _queues(redis_url: str) -> tuple[Any, ReferenceScheduler]:
     keys = QueueKeys(namespace=f"t{uuid.uuid4().hex[:12]}")
     # small per-call bounds, so that calls which stop at them (and the ones that pick up after) are compared too
-    settings = QueueSettings(BANDS, lease_ms=LEASE_MS, max_grants=5, bulk_limit=3, signal_stale_ms=STALE_MS)
+    # two waiting flows per tenant at most, so tickets of a third join the overflow flow
+    settings = QueueSettings(BANDS, lease_ms=LEASE_MS, max_grants=5, bulk_limit=3, signal_stale_ms=STALE_MS,
+                             max_flows=2)
     lua = blocking(lambda: GlobalQueue(aioredis.Redis.from_url(redis_url), keys, settings))
-    return lua, ReferenceScheduler(list(BANDS), max_grants_per_dispatch=5, bulk_limit=3, signal_stale_ms=STALE_MS)
+    return lua, ReferenceScheduler(list(BANDS), max_grants_per_dispatch=5, bulk_limit=3, signal_stale_ms=STALE_MS,
+                                   max_flows=2)
 
 
 def _signals(rng: random.Random) -> EngineSignals:
@@ -79,7 +82,7 @@ def _state_matches(lua: Any, ref: ReferenceScheduler, now: int) -> int:
         for tenant in TENANTS:
             raw = lua.run(lua.client.hgetall(lua.keys.flow_counters(band.name, tenant)))
             flows = {flow.decode(): float(value) for flow, value in raw.items()}
-            for flow in FLOWS:
+            for flow in [*FLOWS, "~"]:
                 want = ref.flow_counter(band.name, tenant, flow)
                 assert flows.get(flow, None if want is None else 0.0) == want, (band.name, tenant, flow)
     lua_replicas = {r.replica_id: (r.slots_free, r.tokens_free, r.in_flight, r.in_flight_tokens, r.fresh)

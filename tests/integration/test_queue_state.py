@@ -61,3 +61,30 @@ async def test_a_deregistered_replica_gets_no_requeued_ticket(redis_url: str) ->
     requeued = await queue.requeue("t1")
     assert requeued.moved and [g.replica_id for g in requeued.grants] == [other]
     assert [r.replica_id for r in (await queue.snapshot()).replicas] == [other]
+
+
+async def test_ten_thousand_fairness_ids_keep_redis_bounded(redis_url: str) -> None:
+    """One tenant sends 10,000 requests, each with a fresh fairness id, while it stays backlogged: at most
+    max_flows of them wait as flows of their own (the rest share the overflow flow), and an idle flow keeps
+    no counter, so its state stays that size however many ids go by."""
+    keys = QueueKeys(namespace=f"s{uuid.uuid4().hex[:10]}")
+    queue = GlobalQueue(aioredis.Redis.from_url(redis_url), keys, QueueSettings((BandPolicy("only"),), max_flows=64))
+    await queue.register_replica(ReplicaCapacity("r", 1, 10**9), lease_ms=600_000)
+    granted = None
+    for index in range(10_000):
+        result = await queue.enqueue(TicketSpec(f"t{index}", "spray", "only", 10, flow=f"id-{index}"))
+        granted = granted or result.grants[0].ticket_id
+    families = keys.families()
+    flows, counters = families["flows"] + "only:spray", families["flow_vtc"] + "only:spray"
+
+    async def sizes() -> tuple[int, int, int]:
+        lines = [key async for key in queue.client.scan_iter(match=families["queue"] + "only:spray|*", count=1000)]
+        return await queue.client.zcard(flows), await queue.client.hlen(counters), len(lines)
+
+    assert await sizes() == (65, 65, 65)  # 64 flows of their own and the overflow flow, one line each
+    for index in range(300):  # grants come and go, fresh ids keep arriving, the tenant stays backlogged
+        (grant,) = (await queue.complete(granted, 10)).grants
+        granted = grant.ticket_id
+        await queue.enqueue(TicketSpec(f"more{index}", "spray", "only", 10, flow=f"more-{index}"))
+    flows_now, counters_now, lines_now = await sizes()
+    assert flows_now <= 65 and counters_now <= 65 and lines_now <= 65
