@@ -40,9 +40,11 @@ def parse_request(raw_body: bytes, endpoint: Endpoint, template_options: frozens
 
     ``template_options``: the ``chat_template_kwargs`` keys a chat request may set."""
     try:
-        body = json.loads(raw_body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidJSON(f"The request body is not valid JSON: {exc}") from None
+        body = json.loads(raw_body, parse_constant=_no_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise InvalidJSON("The request body is nested too deeply.") from None
+    except ValueError as exc:  # bad JSON, bad UTF-8, NaN or Infinity, an integer of over 4,300 digits
+        raise InvalidJSON(f"The request body is not valid JSON: {str(exc)[:200]}") from None
     if not isinstance(body, dict):
         raise InvalidJSON("The request body must be a JSON object.")
     model_class = _request_model(endpoint)
@@ -63,6 +65,17 @@ def parse_request(raw_body: bytes, endpoint: Endpoint, template_options: frozens
         endpoint=endpoint, body=body, model=request.model or "", stream=bool(request.stream),
         max_tokens=max_tokens, body_chars=len(raw_body),
     )
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text[:20]} is out of range")
+    return value
 
 
 def _check_chat(body: dict[str, Any], template_options: frozenset[str]) -> None:

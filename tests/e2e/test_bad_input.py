@@ -1,7 +1,8 @@
 """End to end: bad input gets a 4xx with OpenAI's error body, never a 500 and never a hung request.
 
-Oversized bodies (declared and chunked), invalid UTF-8, impossible `max_tokens`, and every gateway header
-fuzzed with random printable values.
+Oversized bodies (declared and chunked), invalid UTF-8, JSON the parser cannot take (nested too deeply, a
+5,000-digit integer, NaN and Infinity), impossible `max_tokens`, and every gateway header fuzzed with
+random printable values.
 """
 
 from __future__ import annotations
@@ -46,6 +47,18 @@ def test_oversized_body_is_413(base_url: str, api_keys: dict) -> None:
 def test_invalid_utf8_is_400(base_url: str, api_keys: dict) -> None:
     body = b'{"model": "tiny-llama", "prompt": "\xff\xfe bad", "max_tokens": 2}'
     response = httpx.post(f"{base_url}/v1/completions", content=body,
+                          headers={**auth(api_keys["calm"]), "content-type": "application/json"})
+    _error(response, 400, "invalid_json")
+
+
+@pytest.mark.parametrize("body", [
+    b'{"model": "tiny-llama", "prompt": ' + b"[" * 20_000 + b"]" * 20_000 + b"}",  # nested too deeply
+    b'{"model": "tiny-llama", "prompt": "x", "max_tokens": ' + b"9" * 5_000 + b"}",  # a 5,000-digit integer
+    b'{"model": "tiny-llama", "prompt": "x", "max_tokens": 2, "temperature": NaN}',
+    b'{"model": "tiny-llama", "prompt": "x", "max_tokens": 2, "temperature": 1e999}',
+], ids=["deep", "huge-int", "nan", "infinity"])
+def test_json_the_parser_cannot_take_is_400(base_url: str, api_keys: dict, body: bytes) -> None:
+    response = httpx.post(f"{base_url}/v1/completions", content=body, timeout=30,
                           headers={**auth(api_keys["calm"]), "content-type": "application/json"})
     _error(response, 400, "invalid_json")
 

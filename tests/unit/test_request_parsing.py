@@ -14,7 +14,13 @@ def test_valid_chat_request() -> None:
     assert (parsed.endpoint, parsed.model, parsed.stream, parsed.body) == ("chat", "m", True, body)
 
 
-@pytest.mark.parametrize("raw", [b"{not json", b"\xff\xfe", b"[1, 2]", b"\"text\""])
+@pytest.mark.parametrize("raw", [
+    b"{not json", b"\xff\xfe", b"[1, 2]", b"\"text\"",
+    b'{"model": "m", "prompt": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",  # nested too deeply
+    b'{"model": "m", "prompt": "x", "max_tokens": ' + b"9" * 5_000 + b"}",  # over Python's 4,300 digits
+    b'{"model": "m", "prompt": "x", "temperature": NaN}',
+    b'{"model": "m", "prompt": "x", "temperature": 1e999}',  # infinite
+])
 def test_non_object_bodies_are_400(raw: bytes) -> None:
     with pytest.raises(InvalidJSON) as caught:
         parse_request(raw, "completion")
