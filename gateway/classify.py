@@ -12,7 +12,7 @@ from fleet.config import QueueConfig
 from gateway.errors import ContextLengthExceeded
 from gateway.request_parsing import ParsedRequest
 from gateway.tokens import PromptTokenCounter
-from policies.classification import estimate_cost
+from policies.classification import estimate_batch_cost
 
 
 @dataclass(frozen=True)
@@ -33,14 +33,19 @@ class RequestClassifier:
         self._default_output_tokens = config.default_output_tokens
 
     async def classify(self, parsed: ParsedRequest, max_model_len: int) -> Classification:
-        """Count and classify ``parsed``; a prompt that cannot fit the context is a 400."""
-        prompt_tokens = await self._counter.count(parsed)
-        if max_model_len and prompt_tokens + (parsed.max_tokens or 1) > max_model_len:
+        """Count and classify ``parsed``; a prompt that cannot fit the context is a 400.
+
+        A batch of prompts (a completions request's list) is checked against the context prompt by prompt,
+        classed by its longest prompt, and costs every prompt; ``n`` (or the beam width) multiplies the
+        output each prompt may produce."""
+        prompts = await self._counter.count(parsed)
+        longest = max(prompts)
+        if max_model_len and longest + (parsed.max_tokens or 1) > max_model_len:
             raise ContextLengthExceeded(
-                f"This model's maximum context length is {max_model_len} tokens; the prompt has {prompt_tokens} "
+                f"This model's maximum context length is {max_model_len} tokens; the prompt has {longest} "
                 f"tokens and {parsed.max_tokens or 1} more were requested.",
                 param="messages" if parsed.endpoint == "chat" else "prompt",
             )
-        cost = estimate_cost(prompt_tokens, parsed.max_tokens, self._default_output_tokens,
-                             max_model_len or prompt_tokens + self._default_output_tokens)
-        return Classification(prompt_tokens, self._lengths.classify(prompt_tokens), cost)
+        cost = estimate_batch_cost(prompts, parsed.max_tokens, self._default_output_tokens,
+                                   max_model_len or longest + self._default_output_tokens, parsed.sequences)
+        return Classification(sum(prompts), self._lengths.classify(longest), cost)

@@ -25,7 +25,7 @@ from gateway.access import Access
 from gateway.accounting import Settlement, StreamUsage, reported_tokens
 from gateway.admission import AdmissionRequest, AdmissionStrategy, Admitted
 from gateway.classify import RequestClassifier
-from gateway.errors import GatewayError, ModelNotFound, UpstreamUnavailable, from_vllm_error
+from gateway.errors import GatewayError, InvalidValue, ModelNotFound, UpstreamUnavailable, from_vllm_error
 from gateway.headers import read_headers, request_id_of
 from gateway.metrics import GatewayMetrics
 from gateway.pools import Pools
@@ -67,6 +67,7 @@ class RequestLifecycle:
             asked = read_headers(request.headers, self._queue.band_names, self._queue.objectives)
             decision = self._access.band(tenant, asked)
             band = decision.band
+            _check_beam_search(parsed, self._queue.vllm_priority(band))
             if decision.capped:
                 self._metrics.capped.labels(self._metrics.tenant(tenant_id), decision.requested, band).inc()
             stages.lap("authorise")
@@ -164,6 +165,14 @@ class Stages:
         for stage, seconds in durations.items():
             self._metrics.stage.labels(stage).observe(seconds)
         self._last = self._clock()
+
+
+def _check_beam_search(parsed: ParsedRequest, vllm_priority: int) -> None:
+    """vLLM runs beam search at priority 0 whatever the request's priority (its beam path passes none), so a
+    beam search of a lower band would run ahead of the top band's work: only the top band may ask for one."""
+    if parsed.body.get("use_beam_search") and vllm_priority != 0:
+        raise InvalidValue("use_beam_search: vLLM runs beam search at the top priority whatever the band, so it is "
+                           "allowed only in the top band.", param="use_beam_search")
 
 
 def cache_salt(tenant_id: str) -> str:

@@ -33,6 +33,7 @@ class ParsedRequest:
     stream: bool
     max_tokens: int | None
     body_chars: int
+    sequences: int = 1  # output sequences per prompt: n (the beam width with beam search)
 
 
 def parse_request(raw_body: bytes, endpoint: Endpoint, template_options: frozenset[str] = frozenset()) -> ParsedRequest:
@@ -63,7 +64,7 @@ def parse_request(raw_body: bytes, endpoint: Endpoint, template_options: frozens
     max_tokens = getattr(request, "max_completion_tokens", None) or getattr(request, "max_tokens", None)
     return ParsedRequest(
         endpoint=endpoint, body=body, model=request.model or "", stream=bool(request.stream),
-        max_tokens=max_tokens, body_chars=len(raw_body),
+        max_tokens=max_tokens, body_chars=len(raw_body), sequences=max(1, getattr(request, "n", 1) or 1),
     )
 
 

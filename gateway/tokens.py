@@ -23,17 +23,21 @@ class PromptTokenCounter:
 
         self._tokenizer = AutoTokenizer.from_pretrained(model_path)
 
-    async def count(self, parsed: ParsedRequest) -> int:
-        """Prompt tokens of ``parsed`` (off the event loop when the prompt is long)."""
+    async def count(self, parsed: ParsedRequest) -> list[int]:
+        """Tokens of each prompt of ``parsed`` (one for a chat; a completion may send a batch), off the event
+        loop when the body is long."""
         if parsed.body_chars > OFF_LOOP_ABOVE_CHARS:
             return await asyncio.to_thread(self.count_now, parsed)
         return self.count_now(parsed)
 
-    def count_now(self, parsed: ParsedRequest) -> int:
-        """Prompt tokens of ``parsed``, on the calling thread."""
+    def count_now(self, parsed: ParsedRequest) -> list[int]:
+        """Tokens of each prompt of ``parsed``, on the calling thread."""
         if parsed.endpoint == "chat":
-            return self._chat_tokens(parsed.body)
-        return self._completion_tokens(parsed.body.get("prompt", ""))
+            return [self._chat_tokens(parsed.body)]
+        prompt = parsed.body.get("prompt", "")
+        if isinstance(prompt, list) and prompt and not all(isinstance(token, int) for token in prompt):
+            return [self._completion_tokens(item) for item in prompt]  # a batch of prompts
+        return [self._completion_tokens(prompt)]
 
     def _chat_tokens(self, body: dict[str, Any]) -> int:
         # what vLLM renders: the messages with the tools and documents the template reads, and the allowed

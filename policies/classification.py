@@ -51,12 +51,20 @@ class LengthClasses:
         raise AssertionError("unreachable: the last class is unbounded")
 
 
-def estimate_cost(prompt_tokens: int, max_tokens: int | None, default_output_tokens: int, max_model_len: int) -> int:
-    """Tokens a request is expected to cost: its prompt plus the output it may produce.
+def estimate_cost(prompt_tokens: int, max_tokens: int | None, default_output_tokens: int, max_model_len: int,
+                  sequences: int = 1) -> int:
+    """Tokens a request is expected to cost: its prompt plus the output it may produce, for each of the
+    ``sequences`` it asks for (``n``, or the beam width).
 
     ``max_tokens`` bounds the output when the client sets it; otherwise a configured typical output length,
     never beyond what the context leaves.
     """
     room = max(max_model_len - prompt_tokens, 1)
     output = max_tokens if max_tokens is not None else default_output_tokens
-    return prompt_tokens + max(1, min(output, room))
+    return prompt_tokens + max(1, sequences) * max(1, min(output, room))
+
+
+def estimate_batch_cost(prompts: Sequence[int], max_tokens: int | None, default_output_tokens: int,
+                        max_model_len: int, sequences: int = 1) -> int:
+    """A batch of prompts (a completions request's list) costs each prompt's estimate."""
+    return sum(estimate_cost(p, max_tokens, default_output_tokens, max_model_len, sequences) for p in prompts)

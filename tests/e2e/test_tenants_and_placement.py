@@ -111,6 +111,24 @@ def test_prompt_tokens_equal_vllms_own_count(base_url: str, api_keys: dict) -> N
     assert counted == with_tools.json()["usage"]["prompt_tokens"] and counted > 100
 
 
+def test_fan_out_is_in_the_estimate_and_a_batch_is_checked_prompt_by_prompt(base_url: str, api_keys: dict) -> None:
+    # three prompts of ~1,500 tokens: each fits the 4,096-token context, together they do not
+    batch = [f"{i} " + "the fleet gateway " * 500 for i in range(3)]
+    response = _completion(base_url, auth(api_keys["calm"]), prompt=batch, max_tokens=2)
+    assert response.status_code == 200, response.text
+    assert int(response.headers["x-fleetgate-prompt-tokens"]) == response.json()["usage"]["prompt_tokens"]
+    assert response.headers["x-fleetgate-length-class"] == "long"  # its longest prompt's class
+
+
+def test_beam_search_only_in_the_top_band(base_url: str, api_keys: dict) -> None:
+    """vLLM's beam search ignores request priority (it runs at 0): a lower band may not use it to jump ahead."""
+    body = {"use_beam_search": True, "n": 2, "max_tokens": 2}
+    refused = _completion(base_url, {**auth(api_keys["calm"]), "x-priority": "batch"}, **body)
+    assert _error(refused, 400, "invalid_value")["param"] == "use_beam_search"
+    allowed = _completion(base_url, {**auth(api_keys["calm"]), "x-priority": "interactive"}, **body)
+    assert allowed.status_code == 200, allowed.text
+
+
 def test_a_request_cannot_bring_its_own_template_or_options(base_url: str, api_keys: dict) -> None:
     messages = [{"role": "user", "content": "hi"}]
     for extra, param in (({"chat_template": "{% for i in range(99999999) %}x{% endfor %}"}, "chat_template"),

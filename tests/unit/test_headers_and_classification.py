@@ -6,7 +6,7 @@ import pytest
 
 from gateway.errors import InvalidHeader
 from gateway.headers import read_headers, read_tenant_id, request_id_of
-from policies.classification import LengthClasses, estimate_cost
+from policies.classification import LengthClasses, estimate_batch_cost, estimate_cost
 from policies.gate import open_replicas
 from policies.placement import choose_replica, guarded_classes, pool_for_class
 from policies.priority import BandNotAllowed, resolve_band
@@ -66,6 +66,8 @@ def test_cost_is_prompt_plus_bounded_output() -> None:
     assert estimate_cost(100, 20, 256, 4096) == 120
     assert estimate_cost(100, None, 256, 4096) == 356
     assert estimate_cost(4000, None, 256, 4096) == 4096  # never beyond the context
+    assert estimate_cost(100, 20, 256, 4096, sequences=4) == 180  # n (or the beam width): 4 outputs
+    assert estimate_batch_cost([100, 300], 20, 256, 4096, sequences=2) == 100 + 40 + 300 + 40  # every prompt
 
 
 def test_resolve_band() -> None:
