@@ -157,7 +157,11 @@ class QueueSession:
                     future.set_result(grant)
             return await asyncio.wait_for(asyncio.shield(future), timeout_s)
         except asyncio.TimeoutError:
-            grant = await self._withdraw(spec)
+            try:
+                grant = await self._withdraw(spec)
+            except Exception:  # Redis failed the withdrawal: stop renewing, so its lease lapses and frees it
+                self._owned.discard(spec.ticket_id)
+                raise
             if grant is None:
                 raise QueueDeadlineExpired() from None
             return grant
@@ -234,7 +238,9 @@ class QueueSession:
             await self._sleep(period)
             try:
                 if self._owned:
-                    self._fail_lost(await self._leases.renew(sorted(self._owned)))
+                    missing = await self._leases.renew(sorted(self._owned))
+                    self._owned.difference_update(missing)  # gone from the queue: nothing left to renew
+                    self._fail_lost(missing)
                 await self._leases.expire()  # also reaps other gateways' and replicas' lapsed leases
             except asyncio.CancelledError:
                 raise
