@@ -13,40 +13,48 @@ from gateway.metrics import GatewayMetrics
 
 
 class StreamUsage:
-    """Watches a reply's SSE lines; knows the tokens served; hides the usage chunk the client did not ask for.
+    """Watches a reply's SSE lines; knows the tokens served; hides the usage the client did not ask for.
 
-    The gateway always asks vLLM for a final usage chunk (it charges tenants by it); a client that did not
-    request ``stream_options.include_usage`` does not see that chunk. ``chunk_times`` are the monotonic
-    times of the chunks that carried output (the chat stream's opening role-only chunk is not one).
+    The gateway always asks vLLM for usage in every chunk (``continuous_usage_stats``) and in a final chunk:
+    tenants are charged by the engine's own count, so a stream cut anywhere is charged the tokens the engine
+    had produced by then, however many a chunk carried. A client that did not ask for them does not see
+    them (``include_usage`` for the final chunk, ``continuous_usage_stats`` for the rest). ``chunk_times``
+    are the monotonic times of the chunks that carried output (the chat stream's role-only chunk is not one).
     """
 
-    def __init__(self, prompt_tokens: int, client_wants_usage: bool, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, prompt_tokens: int, client_wants_usage: bool, clock: Callable[[], float] = time.monotonic,
+                 client_wants_continuous: bool = False) -> None:
         self._clock = clock
         self._prompt_tokens = prompt_tokens
         self._client_wants_usage = client_wants_usage
+        self._client_wants_continuous = client_wants_continuous
         self._chunks = 0
         self._reported_total: int | None = None
         self.chunk_times: list[float] = []
 
-    def observe(self, line: str) -> bool:
-        """Record one SSE line; True when it should go on to the client."""
+    def observe(self, line: str) -> str | None:
+        """Record one SSE line; the line to send on to the client (usage taken out if it did not ask for
+        it), or None to hold it back."""
         if not line.startswith("data: {"):
-            return True
+            return line
         if '"usage"' in line:
             event = json.loads(line[len("data: "):])
             usage = event.get("usage")
             if usage:
                 self._reported_total = int(usage.get("total_tokens") or 0)
                 if not event.get("choices"):
-                    return self._client_wants_usage
+                    return line if self._client_wants_usage else None
+                if not self._client_wants_continuous:
+                    del event["usage"]
+                    line = f"data: {json.dumps(event, separators=(',', ':'))}\n\n"
         self._chunks += 1
         if '"role":' not in line:
             self.chunk_times.append(self._clock())
-        return True
+        return line
 
     @property
     def total_tokens(self) -> int:
-        """Prompt + output tokens served: vLLM's figure when the stream finished, else prompt + chunks."""
+        """Prompt + output tokens served: vLLM's latest figure, else (it sent none) prompt + chunks."""
         if self._reported_total is not None:
             return self._reported_total
         return self._prompt_tokens + self._chunks

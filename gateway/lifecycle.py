@@ -72,13 +72,13 @@ class RequestLifecycle:
                 self._metrics.capped.labels(self._metrics.tenant(tenant_id), decision.requested, band).inc()
             stages.lap("authorise")
             size = await self._classifier.classify(parsed, await self._pools.max_model_len())
-            client_wants_usage = _prepare_body(parsed, self._queue.vllm_priority(band),
-                                               cache_salt(tenant.id) if self._isolate_cache else None)
+            client_usage = _prepare_body(parsed, self._queue.vllm_priority(band),
+                                         cache_salt(tenant.id) if self._isolate_cache else None)
             stages.lap("count_tokens")
             admission = AdmissionRequest(parsed, tenant, decision, asked, size, arrived)
             place = await self._admission.admit(admission)
             stages.laps(place.stages)
-            response = await self._forward_and_relay(admission, place, client_wants_usage, stages)
+            response = await self._forward_and_relay(admission, place, client_usage, stages)
             status = response.status_code
             return response
         except GatewayError as exc:
@@ -94,13 +94,19 @@ class RequestLifecycle:
             logger.info("request %s tenant=%s band=%s status=%s %.0f ms", request_id_of(request.headers),
                         tenant_id or "-", band or "-", status, (self._clock() - arrived) * 1000)
 
-    async def _forward_and_relay(self, admission: AdmissionRequest, place: Admitted, client_wants_usage: bool,
+    async def _forward_and_relay(self, admission: AdmissionRequest, place: Admitted, client_usage: tuple[bool, bool],
                                  stages: Stages) -> Response:
         settlement = Settlement(self._metrics, admission.tenant.id, admission.decision.band, admission.arrived,
                                 place, self._clock)
-        served, streaming = 0, False
+        served, streaming, at_engine = 0, False, [False]
         try:
-            header, replies = await self._forward(admission.parsed, place)
+            try:
+                header, replies = await self._forward(admission.parsed, place, at_engine)
+            except asyncio.CancelledError:
+                # the client left while an engine worked on its reply: what the engine did is unknown here,
+                # and work that ran is never refunded, so it is charged its estimate
+                served = admission.size.cost if at_engine[0] else 0
+                raise
             if header["status"] != 200:
                 raise from_vllm_error(header["body"])
             headers = classification_headers(admission.decision, admission.size, place.pool, place.queue_ms,
@@ -109,7 +115,7 @@ class RequestLifecycle:
                 stages.lap("first_token")
                 served = reported_tokens(header["body"], admission.size.prompt_tokens)
                 return JSONResponse(header["body"], headers=headers)
-            usage = StreamUsage(admission.size.prompt_tokens, client_wants_usage, self._clock)
+            usage = StreamUsage(admission.size.prompt_tokens, client_usage[0], self._clock, client_usage[1])
 
             async def on_exit() -> None:
                 replies.cancel()
@@ -124,11 +130,14 @@ class RequestLifecycle:
             if not streaming:
                 await settlement.settle(served)
 
-    async def _forward(self, parsed: ParsedRequest, place: Admitted) -> tuple[dict[str, Any], DeploymentResponseGenerator]:
-        """Start the request where its place says; a replica that is gone sends it back to be placed again."""
+    async def _forward(self, parsed: ParsedRequest, place: Admitted,
+                       at_engine: list[bool]) -> tuple[dict[str, Any], DeploymentResponseGenerator]:
+        """Start the request where its place says; a replica that is gone sends it back to be placed again.
+        ``at_engine[0]`` is True while a replica holds it."""
         while True:
             replies = self._pools.call(place.pool, place.replica_id, parsed, place.ticket_id, place.prompt_tokens)
             try:
+                at_engine[0] = True
                 header = await replies.__anext__()
             except Exception as exc:
                 replies.cancel()
@@ -138,6 +147,7 @@ class RequestLifecycle:
                 raise
             if header["status"] != MISROUTED:
                 return header, replies
+            at_engine[0] = False
             await place.requeue()
 
     def _check_model(self, parsed: ParsedRequest) -> None:
@@ -180,14 +190,15 @@ def cache_salt(tenant_id: str) -> str:
     return hashlib.sha256(f"fleetgate-tenant:{tenant_id}".encode()).hexdigest()[:32]
 
 
-def _prepare_body(parsed: ParsedRequest, vllm_priority: int, salt: str | None = None) -> bool:
+def _prepare_body(parsed: ParsedRequest, vllm_priority: int, salt: str | None = None) -> tuple[bool, bool]:
     """Give the body its band's vLLM priority (a client's own is overwritten), the tenant's cache salt when
-    prefix caches are isolated (likewise), and, for a stream, always ask vLLM for the usage chunk (tenants are
-    charged by it); returns whether the client asked for it."""
+    prefix caches are isolated (likewise), and, for a stream, always ask vLLM for usage in every chunk and at
+    the end (tenants are charged by the engine's count); returns whether the client asked for the final
+    usage chunk, and for usage in every chunk."""
     parsed.body["priority"] = vllm_priority
     if salt is not None:
         parsed.body["cache_salt"] = salt
-    client_wants_usage = bool((parsed.body.get("stream_options") or {}).get("include_usage"))
+    asked = parsed.body.get("stream_options") or {}
     if parsed.stream:
-        parsed.body["stream_options"] = {**(parsed.body.get("stream_options") or {}), "include_usage": True}
-    return client_wants_usage
+        parsed.body["stream_options"] = {**asked, "include_usage": True, "continuous_usage_stats": True}
+    return bool(asked.get("include_usage")), bool(asked.get("continuous_usage_stats"))

@@ -24,8 +24,9 @@ async def relay_lines(replies: DeploymentResponseGenerator, usage: StreamUsage) 
     """
     try:
         async for line in replies:
-            if usage.observe(line):
-                yield line
+            forwarded = usage.observe(line)
+            if forwarded is not None:
+                yield forwarded
     except Exception as exc:  # the replica died or failed mid-stream
         logger.warning("stream from replica failed: %s", type(exc).__name__)
         error = error_body("The model replica failed during the stream.", "service_unavailable", "replica_failed")

@@ -19,7 +19,7 @@ from tests.conftest import TINY_MODEL_NAME
 from tests.e2e.conftest import (
     GATEWAY_REPLICAS, RATE_LIMIT_RPM, REPLICAS, SCRAPE_KEY, SLOTS_PER_REPLICA, add_key, auth,
 )
-from tests.ledger import assert_ledger_balanced, snapshot
+from tests.ledger import assert_ledger_balanced, served_by_tenant, snapshot
 
 pytestmark = pytest.mark.e2e
 
@@ -118,6 +118,18 @@ def test_fan_out_is_in_the_estimate_and_a_batch_is_checked_prompt_by_prompt(base
     assert response.status_code == 200, response.text
     assert int(response.headers["x-fleetgate-prompt-tokens"]) == response.json()["usage"]["prompt_tokens"]
     assert response.headers["x-fleetgate-length-class"] == "long"  # its longest prompt's class
+
+
+def test_a_client_that_gives_up_is_still_charged_the_work_that_ran(base_url: str, redis_url: str,
+                                                                   api_keys: dict) -> None:
+    """A non-streamed reply whose client times out was refunded in full before, so tenants whose clients
+    always time out won every grant. Now it is charged its estimate: the engine's work on it ran."""
+    before = served_by_tenant(redis_url)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{base_url}/v1/completions", headers=auth(api_keys["acme"]), timeout=1.5,
+                   json={"model": TINY_MODEL_NAME, "prompt": "run for a while", "max_tokens": 3000, "ignore_eos": True})
+    state = assert_ledger_balanced(redis_url, REPLICAS)  # its slot and tokens came back
+    assert state.served["acme"] - before.get("acme", 0) >= 3000  # the estimate: prompt + max_tokens
 
 
 def test_beam_search_only_in_the_top_band(base_url: str, api_keys: dict) -> None:
