@@ -30,7 +30,7 @@ from gateway.headers import read_headers, request_id_of
 from gateway.metrics import GatewayMetrics
 from gateway.pools import Pools
 from gateway.relay import SettlingStreamingResponse, relay_lines
-from gateway.request_parsing import Endpoint, ParsedRequest, parse_request, read_body
+from gateway.request_parsing import Endpoint, ParsedRequest, parse_off_loop, read_body
 from gateway.response_headers import classification_headers
 from replicas.base import MISROUTED
 
@@ -60,7 +60,8 @@ class RequestLifecycle:
         try:
             tenant = self._access.authenticate(request.headers)
             tenant_id = tenant.id
-            parsed = parse_request(await read_body(request, self._max_body_bytes), endpoint, self._template_options)
+            parsed = await parse_off_loop(await read_body(request, self._max_body_bytes), endpoint,
+                                          self._template_options)
             stages.lap("parse")
             self._check_model(parsed)
             self._access.check_model(tenant, parsed.model)
