@@ -2,6 +2,7 @@
 
     python -m bench sim  [--profile cpu-tiny|gpu-h100-llama3-8b] [--replicas N] [--rate-scale X] ...
     python -m bench live [--systems baseline,...] ...        (real vLLM behind `serve run`, this machine)
+    python -m bench soak [--minutes 20] ...                  (faults under mixed load, then the ledger)
 
 Both run every scenario on every system back to back from the same seeded workload (fresh prompts), plus
 reference runs without the tenants a scenario names (``reference_without``), and write results.json,
@@ -125,7 +126,12 @@ def _tenants_p99(results: dict[str, Any], scenario: str, system: str, tenants: t
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark and write its report."""
+    """Run the benchmark and write its report (``soak``: bench/soak.py)."""
+    given = sys.argv[1:] if argv is None else argv
+    if given[:1] == ["soak"]:
+        from bench.soak import main as soak
+
+        return soak(given[1:])
     from tqdm import tqdm
 
     from bench import report

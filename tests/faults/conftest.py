@@ -6,11 +6,7 @@ test can stop and restart it; anonymous access (the fault tests are not about ke
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
-import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +17,7 @@ import redis
 
 from fleet.keys import QueueKeys
 from tests.support.local_redis import RedisProcess
+from tests.support.processes import kill, replica_pids  # noqa: F401 - the fault tests use them
 from tests.conftest import REPO_ROOT
 from tests.support.serve_launcher import serve_run
 from tests.ledger import snapshot
@@ -41,40 +38,6 @@ class Fleet:
     @property
     def redis_url(self) -> str:
         return self.redis.url
-
-
-def replica_pids(deployment: str) -> list[int]:
-    """PIDs of the Ray Serve replica actors of ``deployment`` (e.g. "gateway", "vllm-latency")."""
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
-    return [int(line.split()[0]) for line in out.splitlines()
-            if f"ServeReplica:llm-gateway:{deployment}" in line and "grep" not in line]
-
-
-def _descendants(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-eo", "pid,ppid"], capture_output=True, text=True, check=True).stdout
-    children: dict[int, list[int]] = {}
-    for line in out.splitlines()[1:]:
-        child, parent = (int(x) for x in line.split())
-        children.setdefault(parent, []).append(child)
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def kill(pid: int) -> None:
-    """Kill a process and everything it started, as a crash of its machine would (no clean-up runs).
-
-    A replica's vLLM engine processes outlive a SIGKILL of the replica alone (they are re-parented and keep
-    their memory), so the whole tree goes, as when a node or container dies.
-    """
-    tree = _descendants(pid)
-    os.kill(pid, signal.SIGKILL)
-    for child in tree:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(child, signal.SIGKILL)
 
 
 def wait_for(condition, timeout_s: float, what: str, period_s: float = 0.2):

@@ -1,0 +1,143 @@
+"""``python -m bench soak --minutes N``: the local deployment under mixed load for N minutes while faults are
+injected, ending in a balanced ledger.
+
+The deployment is `deploy/local.yaml` with 2 gateway replicas, 5 s leases and its own Redis. The load
+(bench/soak_load.py) mixes short and long completions, streamed chats, clients that time out, clients that
+drop a stream half-way and bad bodies, over four tenants and three bands. Every ``--fault-every-s`` one
+fault, in turn: a vLLM replica killed (its process tree, as a crash), a gateway replica killed, Redis
+restarted empty. After the load stops, the ledger must balance (tests/ledger.py): no ticket left, every
+replica's capacity back, every grant ended once. The report gives requests by kind and by status and
+reason, the faults and when, and which errors no fault explains (a 5xx or a broken connection more than
+``--explain-s`` after every fault).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from collections import Counter
+from pathlib import Path
+
+from bench.soak_load import LoadLog, run_load
+from tests.ledger import assert_ledger_balanced, snapshot
+from tests.support.local_redis import RedisProcess
+from tests.support.processes import kill, replica_pids
+from tests.support.serve_launcher import REPO_ROOT, serve_run
+
+GATEWAYS, REPLICAS, LEASE_S = 2, 2, 5
+FAULTS = ("vllm-latency", "gateway", "redis", "vllm-throughput")
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench soak", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=20)
+    parser.add_argument("--fault-every-s", type=float, default=90)
+    parser.add_argument("--explain-s", type=float, default=45, help="errors this soon after a fault are its")
+    parser.add_argument("--workers", type=int, default=12)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--out", type=Path, default=Path("bench/results/soak"))
+    return parser.parse_args(argv)
+
+
+def _recovered(redis_url: str) -> bool:
+    state = snapshot(redis_url)
+    return len(state.replicas) == REPLICAS and len(replica_pids("gateway")) == GATEWAYS
+
+
+async def _inject(fault: str, redis: RedisProcess) -> None:
+    if fault == "redis":
+        redis.stop()
+        await asyncio.sleep(1)
+        redis.start()
+        return
+    pids = replica_pids(fault)
+    if pids:
+        kill(pids[0])
+
+
+async def _faults(redis: RedisProcess, args: argparse.Namespace, stop: asyncio.Event, log: LoadLog,
+                  injected: list[dict]) -> None:
+    index = 0
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), args.fault_every_s)
+            return
+        except TimeoutError:
+            pass
+        fault = FAULTS[index % len(FAULTS)]
+        index += 1
+        at = time.monotonic() - log.started
+        await _inject(fault, redis)
+        recovered = None
+        for _ in range(240):  # Serve restarts the replica; the fleet re-registers (bounded wait)
+            await asyncio.sleep(0.5)
+            if await asyncio.to_thread(_recovered, redis.url):
+                recovered = time.monotonic() - log.started
+                break
+        injected.append({"fault": fault, "at_s": round(at, 1),
+                         "recovered_after_s": None if recovered is None else round(recovered - at, 1)})
+
+
+def _report(log: LoadLog, injected: list[dict], args: argparse.Namespace, ledger: str) -> dict:
+    by_status = Counter(f"{a.status} {a.reason}".strip() for a in log.answers)
+    unexplained = [a for a in log.answers if (a.status >= 500 or (a.status == 0 and a.reason != "client_timeout"))
+                   and not any(0 <= a.at_s - f["at_s"] <= args.explain_s for f in injected)]
+    return {"minutes": args.minutes, "requests": len(log.answers),
+            "by_kind": dict(Counter(a.kind for a in log.answers)), "by_status_and_reason": dict(by_status),
+            "faults": injected, "unexplained_errors": [a.__dict__ for a in unexplained[:50]],
+            "unexplained_count": len(unexplained), "ledger": ledger}
+
+
+async def _soak(url: str, redis: RedisProcess, args: argparse.Namespace) -> tuple[LoadLog, list[dict]]:
+    stop, log, injected = asyncio.Event(), LoadLog(), []
+    load = asyncio.create_task(run_load(url, stop, log, args.workers, args.seed))
+    faults = asyncio.create_task(_faults(redis, args, stop, log, injected))
+    await asyncio.sleep(args.minutes * 60)
+    stop.set()
+    await asyncio.gather(load, faults)
+    return log, injected
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the soak; write results.json and summary.md; exit 1 if the ledger does not balance."""
+    args = _arguments(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = args.out / "deployment"
+    redis = RedisProcess(work / "redis")
+    redis.start()
+
+    def edit(app: dict) -> None:
+        app["gateway"]["num_replicas"] = GATEWAYS
+        app["queue"].update({"lease_s": LEASE_S, "max_wait_s": 30})
+        app["access"] = {"allow_anonymous": True, "trust_tenant_header": True}
+        app["metrics"] = {"publish_interval_s": 1.0}
+
+    try:
+        with serve_run(REPO_ROOT / "deploy" / "local.yaml", work, env={"REDIS_URL": redis.url}, edit=edit,
+                       ready=lambda: _recovered(redis.url)) as url:
+            log, injected = asyncio.run(_soak(url, redis, args))
+            try:
+                assert_ledger_balanced(redis.url, REPLICAS, leases_may_expire=True, timeout_s=120)
+                ledger = "balanced"
+            except AssertionError as exc:
+                ledger = f"NOT balanced: {str(exc)[:300]}"
+    finally:
+        redis.stop()
+    report = _report(log, injected, args, ledger)
+    (args.out / "results.json").write_text(json.dumps(report, indent=1))
+    lines = [f"# Soak: {args.minutes:g} minutes, {report['requests']} requests, {len(injected)} faults", "",
+             f"Ledger: {ledger}. Errors no fault explains: {report['unexplained_count']}.", "",
+             "| answer | count |", "|---|---|"]
+    lines += [f"| {key} | {count} |" for key, count in sorted(report["by_status_and_reason"].items())]
+    lines += ["", "| fault | at (s) | fleet back after (s) |", "|---|---|---|"]
+    lines += [f"| {f['fault']} | {f['at_s']} | {f['recovered_after_s']} |" for f in injected]
+    (args.out / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0 if ledger == "balanced" else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
