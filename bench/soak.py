@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from bench.soak_load import LoadLog, run_load
+from bench.soak_load import Answer, LoadLog, run_load
 from tests.ledger import assert_ledger_balanced, snapshot
 from tests.support.local_redis import RedisProcess
 from tests.support.processes import kill, replica_pids
@@ -42,9 +42,24 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _recovered(redis_url: str) -> bool:
-    state = snapshot(redis_url)
-    return len(state.replicas) == REPLICAS and len(replica_pids("gateway")) == GATEWAYS
+def _fleet(redis_url: str) -> tuple[frozenset[str], frozenset[int]]:
+    """The registered vLLM replicas and the gateway processes."""
+    return (frozenset(r.replica_id for r in snapshot(redis_url).replicas), frozenset(replica_pids("gateway")))
+
+
+def _recovered(redis_url: str, fault: str | None = None,
+               before: tuple[frozenset[str], frozenset[int]] = (frozenset(), frozenset())) -> bool:
+    """Every vLLM replica registered and every gateway up, and the part ``fault`` took replaced: a killed
+    vLLM replica's registration outlives it until its lease lapses, so a full count alone is not enough.
+    (A Redis restart loses every registration, so a full set there is the fleet back.)"""
+    replicas, gateways = _fleet(redis_url)
+    if len(replicas) != REPLICAS or len(gateways) != GATEWAYS:
+        return False
+    if fault == "gateway":
+        return gateways != before[1]
+    if fault is not None and fault.startswith("vllm-"):
+        return replicas != before[0]
+    return True
 
 
 async def _inject(fault: str, redis: RedisProcess) -> None:
@@ -69,25 +84,44 @@ async def _faults(redis: RedisProcess, args: argparse.Namespace, stop: asyncio.E
             pass
         fault = FAULTS[index % len(FAULTS)]
         index += 1
+        before = await asyncio.to_thread(_fleet, redis.url)
         at = time.monotonic() - log.started
         await _inject(fault, redis)
         recovered = None
         for _ in range(240):  # Serve restarts the replica; the fleet re-registers (bounded wait)
             await asyncio.sleep(0.5)
-            if await asyncio.to_thread(_recovered, redis.url):
+            if await asyncio.to_thread(_recovered, redis.url, fault, before):
                 recovered = time.monotonic() - log.started
                 break
         injected.append({"fault": fault, "at_s": round(at, 1),
                          "recovered_after_s": None if recovered is None else round(recovered - at, 1)})
 
 
+def _label(answer: Answer) -> str:
+    return f"{answer.status} {answer.reason}".strip()
+
+
+def _blame(answer: Answer, injected: list[dict], explain_s: float) -> str | None:
+    """The latest fault at most ``explain_s`` before an error, or None (unexplained)."""
+    before = [f for f in injected if 0 <= answer.at_s - f["at_s"] <= explain_s]
+    return before[-1]["fault"] if before else None
+
+
 def _report(log: LoadLog, injected: list[dict], args: argparse.Namespace, ledger: str) -> dict:
-    by_status = Counter(f"{a.status} {a.reason}".strip() for a in log.answers)
-    unexplained = [a for a in log.answers if (a.status >= 500 or (a.status == 0 and a.reason != "client_timeout"))
-                   and not any(0 <= a.at_s - f["at_s"] <= args.explain_s for f in injected)]
+    errors = [a for a in log.answers if a.status >= 500 or (a.status == 0 and a.reason != "client_timeout")]
+    by_fault: dict[str, Counter] = {}
+    unexplained = []
+    for answer in errors:
+        fault = _blame(answer, injected, args.explain_s)
+        if fault is None:
+            unexplained.append(answer)
+        else:
+            by_fault.setdefault(fault, Counter())[_label(answer)] += 1
     return {"minutes": args.minutes, "requests": len(log.answers),
-            "by_kind": dict(Counter(a.kind for a in log.answers)), "by_status_and_reason": dict(by_status),
-            "faults": injected, "unexplained_errors": [a.__dict__ for a in unexplained[:50]],
+            "by_kind": dict(Counter(a.kind for a in log.answers)),
+            "by_status_and_reason": dict(Counter(_label(a) for a in log.answers)),
+            "faults": injected, "errors_by_fault": {f: dict(c) for f, c in by_fault.items()},
+            "unexplained_errors": [a.__dict__ for a in unexplained[:50]],
             "unexplained_count": len(unexplained), "ledger": ledger}
 
 
@@ -134,6 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     lines += [f"| {key} | {count} |" for key, count in sorted(report["by_status_and_reason"].items())]
     lines += ["", "| fault | at (s) | fleet back after (s) |", "|---|---|---|"]
     lines += [f"| {f['fault']} | {f['at_s']} | {f['recovered_after_s']} |" for f in injected]
+    lines += ["", f"Errors within {args.explain_s:g} s after a fault, by the latest such fault:", "",
+              "| fault | answers |", "|---|---|"]
+    lines += [f"| {fault} | {', '.join(f'{k}: {n}' for k, n in sorted(counts.items()))} |"
+              for fault, counts in sorted(report["errors_by_fault"].items())]
     (args.out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0 if ledger == "balanced" else 1

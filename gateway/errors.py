@@ -143,6 +143,17 @@ class QueueUnavailable(Rejected):
     status, error_type, code = 503, "service_unavailable", "queue_unavailable"
 
 
+class GrantLost(Rejected):
+    """The replica found no grant for the request: the queue lost it (Redis restarted empty, or the lease
+    lapsed on the way). Nothing ran; the client may retry at once."""
+
+    status, error_type, code = 503, "service_unavailable", "grant_lost"
+
+    def __init__(self) -> None:
+        super().__init__("The global queue lost this request's grant before it started; retry it.",
+                         "grant-lost", retry_after_s=1)
+
+
 class UpstreamError(GatewayError):
     """An error vLLM returned for the request, carried through with vLLM's status and message."""
 
@@ -158,13 +169,16 @@ def error_body(message: str, error_type: str, code: str | None, param: str | Non
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 
 
-def from_vllm_error(vllm_error_body: dict[str, Any]) -> UpstreamError:
-    """Map vLLM's ErrorResponse (its ``code`` is the HTTP status) to an UpstreamError."""
-    error = vllm_error_body.get("error", {})
-    status = int(error.get("code") or 500)
+def from_vllm_error(status: int, vllm_error_body: Any) -> UpstreamError:
+    """Map a replica's error reply (its HTTP ``status`` and vLLM's ErrorResponse body) to an UpstreamError.
+    The body is read defensively: whatever its shape, the client gets ``status`` and a message."""
+    error = vllm_error_body.get("error") if isinstance(vllm_error_body, dict) else None
+    error = error if isinstance(error, dict) else {}
     message = str(error.get("message") or "the model server reported an error")
     code = "context_length_exceeded" if _is_context_length_error(message) else None
-    return UpstreamError(status, message, code, error.get("param"))
+    param = error.get("param")
+    return UpstreamError(status if 400 <= status <= 599 else 502, message, code,
+                         param if isinstance(param, str) else None)
 
 
 def _is_context_length_error(message: str) -> bool:

@@ -25,14 +25,16 @@ from gateway.access import Access
 from gateway.accounting import Settlement, StreamUsage, reported_tokens
 from gateway.admission import AdmissionRequest, AdmissionStrategy, Admitted
 from gateway.classify import RequestClassifier
-from gateway.errors import GatewayError, InvalidValue, ModelNotFound, UpstreamUnavailable, from_vllm_error
+from gateway.errors import (
+    GatewayError, GrantLost, InvalidValue, ModelNotFound, UpstreamUnavailable, from_vllm_error,
+)
 from gateway.headers import read_headers, request_id_of
 from gateway.metrics import GatewayMetrics
 from gateway.pools import Pools
 from gateway.relay import SettlingStreamingResponse, relay_lines
 from gateway.request_parsing import Endpoint, ParsedRequest, parse_off_loop, read_body
 from gateway.response_headers import classification_headers
-from replicas.base import MISROUTED
+from replicas.base import MISROUTED, NO_GRANT
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +111,7 @@ class RequestLifecycle:
                 served = admission.size.cost if at_engine[0] else 0
                 raise
             if header["status"] != 200:
-                raise from_vllm_error(header["body"])
+                raise from_vllm_error(header["status"], header["body"])
             headers = classification_headers(admission.decision, admission.size, place.pool, place.queue_ms,
                                               self._admission.gateway_id)
             if not header["stream"]:
@@ -146,6 +148,9 @@ class RequestLifecycle:
             except BaseException:
                 replies.cancel()
                 raise
+            if header["status"] == NO_GRANT:
+                replies.cancel()
+                raise GrantLost()
             if header["status"] != MISROUTED:
                 return header, replies
             at_engine[0] = False

@@ -24,3 +24,36 @@ def test_admission_error_mapping(exc, status, code, reason, retry_after) -> None
     assert response.headers["retry-after"] == retry_after
     assert response.headers["x-fleetgate-rejected-reason"] == reason
     assert error.body()["error"]["code"] == code
+
+
+class _Replies:
+    """A replica's reply stream that answers with one header, and records whether it was cancelled."""
+
+    def __init__(self, header: dict) -> None:
+        self.header, self.cancelled = header, False
+
+    async def __anext__(self) -> dict:
+        return self.header
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+async def test_a_replica_that_finds_no_grant_is_a_retryable_503_not_a_500() -> None:
+    # found by the soak: after Redis restarted empty, a grant in flight reached its replica, which answered
+    # 403 no_grant, and the gateway answered 500
+    from types import SimpleNamespace
+
+    from gateway.errors import GrantLost
+    from gateway.lifecycle import RequestLifecycle
+    from replicas.base import NO_GRANT
+
+    replies = _Replies({"status": NO_GRANT, "body": {"error": {"code": "no_grant", "message": "no grant"}}})
+    lifecycle = object.__new__(RequestLifecycle)
+    lifecycle._pools = SimpleNamespace(call=lambda *args: replies)
+    place = SimpleNamespace(pool="latency", replica_id="r1", ticket_id="t1", prompt_tokens=3)
+    with pytest.raises(GrantLost) as caught:
+        await lifecycle._forward(None, place, [False])
+    response = caught.value.response()
+    assert (response.status_code, response.headers["retry-after"]) == (503, "1")
+    assert caught.value.body()["error"]["code"] == "grant_lost" and replies.cancelled

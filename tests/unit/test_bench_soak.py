@@ -19,3 +19,11 @@ def test_errors_are_explained_only_by_a_fault_just_before_them() -> None:
     assert report["requests"] == 6 and report["unexplained_count"] == 1
     assert report["unexplained_errors"][0]["at_s"] == 400.0
     assert report["by_status_and_reason"]["503 queue-unavailable"] == 2
+
+
+def test_each_explained_error_is_put_on_the_latest_fault_before_it() -> None:
+    log = LoadLog()
+    log.answers = [Answer("short", 95.0, 503, "queue-unavailable"), Answer("stream", 130.0, 500)]
+    faults = [{"fault": "redis", "at_s": 90.0}, {"fault": "gateway", "at_s": 120.0}]
+    report = _report(log, faults, argparse.Namespace(minutes=7, explain_s=45), "balanced")
+    assert report["errors_by_fault"] == {"redis": {"503 queue-unavailable": 1}, "gateway": {"500": 1}}

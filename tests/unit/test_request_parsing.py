@@ -46,10 +46,19 @@ def test_schema_error_does_not_echo_the_prompt() -> None:
 def test_vllm_context_length_error_maps_to_openai_code() -> None:
     vllm_body = {"error": {"message": "This model's maximum context length is 4096 tokens. However...",
                            "type": "BadRequestError", "param": "input_tokens", "code": 400}}
-    error = from_vllm_error(vllm_body)
+    error = from_vllm_error(400, vllm_body)
     assert error.status == 400
     assert error.body() == {"error": {"message": vllm_body["error"]["message"], "type": "invalid_request_error",
                                       "param": "input_tokens", "code": "context_length_exceeded"}}
+
+
+@pytest.mark.parametrize("body", [{"error": {"code": "no_grant", "message": "m"}}, {"error": "text"}, [], None,
+                                  {"error": {"code": 403, "param": 7}}])
+def test_a_replica_error_of_any_shape_keeps_the_replica_status(body: object) -> None:
+    # found by the soak: a replica's own error code ("no_grant") was read as the HTTP status, and raised
+    error = from_vllm_error(403, body)
+    assert error.status == 403 and error.body()["error"]["type"] == "permission_error"
+    assert from_vllm_error(200, body).status == 502  # a reply that says error with a success status
 
 
 @pytest.mark.parametrize(("endpoint", "body"), [("completion", b"{}"), ("completion", b'{"model": "m", "prompt": ""}')])
