@@ -65,6 +65,7 @@ end
 local function reap()
   local dead = redis.call("ZRANGEBYSCORE", K_REPLICAS, "-inf", NOW, "LIMIT", 0, CFG.bulk_limit)
   for _, id in ipairs(dead) do remove_replica(id) end
+  if #dead > 0 then redis.call("HINCRBY", K_STATS, "replicas_lapsed", #dead) end
   -- signals not renewed in time: the gate falls back to the replica's concurrency cap
   local stale = redis.call("ZRANGEBYSCORE", K_SIGNALS, "-inf", NOW - CFG.signal_stale_ms, "LIMIT", 0, CFG.bulk_limit)
   for _, id in ipairs(stale) do

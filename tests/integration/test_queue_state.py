@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+
 import uuid
 
 import pytest
@@ -61,6 +62,14 @@ async def test_a_deregistered_replica_gets_no_requeued_ticket(redis_url: str) ->
     requeued = await queue.requeue("t1")
     assert requeued.moved and [g.replica_id for g in requeued.grants] == [other]
     assert [r.replica_id for r in (await queue.snapshot()).replicas] == [other]
+    await queue.deregister_replica(grant.replica_id)  # twice (a graceful stop after a misroute): counted once
+    stats = (await queue.snapshot()).stats
+    assert stats.get("replicas_deregistered") == 1 and "replicas_lapsed" not in stats
+    now_ms = (await queue.snapshot()).now_ms
+    await queue.register_replica(ReplicaCapacity("brief", 1, 1000), lease_ms=1_000, now_ms=now_ms)
+    await queue.deregister_replica("nobody", now_ms=now_ms + 2_000)  # its lease lapsed: reaped, not deregistered
+    stats = (await queue.snapshot()).stats
+    assert stats["replicas_lapsed"] == 1 and stats["replicas_deregistered"] == 1
 
 
 async def test_ten_thousand_fairness_ids_keep_redis_bounded(redis_url: str) -> None:
