@@ -47,6 +47,8 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     live = sub.choices["live"]
     live.add_argument("--config", type=Path, default=Path("deploy/local.yaml"))
     live.add_argument("--max-in-flight", type=int, default=512, help="client connection cap")
+    live.add_argument("--model", default="bench", choices=("bench", "tiny"),
+                      help="bench: engine-bound (tens of ms a step); tiny: the tests' model (host-bound)")
     live.add_argument("--simulated", default=None, help="run the gateway on simulated replicas of this profile")
     live.add_argument("--replicas", type=int, default=16, help="with --simulated: replicas in the fleet")
     return parser.parse_args(argv)
@@ -167,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
                     "description": scenario.description, "requests": len(workloads[scenario.name]),
                     "duration_s": scenario.duration_s * args.duration_scale, "systems": {}})
                 entry["systems"][label] = summarise(got, scenario.slo, scenario.fairness_window_s)
+                if getattr(runner, "last_headroom", None) is not None:
+                    entry["systems"][label]["headroom"] = runner.last_headroom
                 if not without:
                     records.setdefault(scenario.name, {})[label] = got
                 args.out.mkdir(parents=True, exist_ok=True)  # what has run so far survives a later failure
@@ -210,7 +214,7 @@ def _sim_runner(args: argparse.Namespace) -> _SimRunner:
 def _live_runner(args: argparse.Namespace):
     from bench.live import LiveRunner
 
-    return LiveRunner(args.config, args.max_in_flight, args.out, args.simulated, args.replicas)
+    return LiveRunner(args.config, args.max_in_flight, args.out, args.simulated, args.replicas, args.model)
 
 
 if __name__ == "__main__":

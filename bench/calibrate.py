@@ -1,6 +1,6 @@
 """Calibrate the simulated engine's step-time model against the real vLLM engine on this machine.
 
-    python -m bench.calibrate [--model .cache/models/tiny-llama] [--core 1]
+    python -m bench.calibrate [--model tiny|bench|FOLDER] [--core 1] [--out FILE.json]
 
 Runs vLLM (the CPU build here; any build works) on one core with the project's engine settings and times:
 decode steps at several batch sizes (requests of 8 prompt tokens generating 96 tokens: the run's time over
@@ -19,15 +19,22 @@ import os
 import random
 import statistics
 import time
+from pathlib import Path
+
+from bench.models import ensure_model
+from replicas.tiny_model.build import MODEL_SIZES
 
 
 def main(argv: list[str] | None = None) -> int:
     """Measure, fit, print the fit as JSON."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=".cache/models/tiny-llama")
+    parser.add_argument("--model", default="tiny", help="a local model (tiny, bench; built if missing) or a folder")
+    parser.add_argument("--out", help="also write the measured steps and the fit to this JSON file")
     parser.add_argument("--core", type=int, default=1, help="CPU core the engine's threads bind to")
     parser.add_argument("--decode-tokens", type=int, default=96)
     args = parser.parse_args(argv)
+    if args.model in MODEL_SIZES:
+        args.model = str(ensure_model(args.model))
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(args.core))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import numpy as np
@@ -68,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         model = sum(fit[name] * x for name, x in zip(names, row))
         print(f"tokens={tokens:5d} seqs={seqs:3d} measured={seconds * 1000:8.2f} ms fit={model * 1000:8.2f} ms")
     print(json.dumps(fit))
+    if args.out:
+        steps = [{"batched_tokens": tokens, "seqs": seqs, "measured_ms": round(seconds * 1000, 3)}
+                 for tokens, seqs, _, seconds in points]
+        Path(args.out).write_text(json.dumps({"model": args.model, "core": args.core, "steps": steps, "fit": fit},
+                                             indent=1) + "\n")
     return 0
 
 

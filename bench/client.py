@@ -17,14 +17,17 @@ import aiohttp
 
 from bench.metrics import RequestRecord
 from bench.workload import PlannedRequest
+from fleet.loop_lag import LoopLagMonitor
 
 Shaper = Callable[[PlannedRequest], tuple[dict, dict]]
 
 
 async def drive(base_url: str, model: str, workload: list[PlannedRequest], vocab: int, shape: Shaper,
                 progress: Callable[[int], None], max_in_flight: int = 512,
-                timeout_s: float = 900) -> list[RequestRecord]:
-    """Send ``workload`` to ``base_url``/v1/completions; one record per request, in workload order."""
+                timeout_s: float = 900, loop_lags: list[float] | None = None) -> list[RequestRecord]:
+    """Send ``workload`` to ``base_url``/v1/completions; one record per request, in workload order. With
+    ``loop_lags``, this client's own event-loop lag is sampled into it meanwhile (a late client measures
+    itself, not the server)."""
     rng = random.Random(hash((base_url, len(workload))))
     prompts = {r.request_id: [rng.randrange(16, vocab) for _ in range(r.prompt_tokens)] for r in workload}
     connector = aiohttp.TCPConnector(limit=max_in_flight)
@@ -48,7 +51,14 @@ async def drive(base_url: str, model: str, workload: list[PlannedRequest], vocab
             progress(1)
             return record
 
-        return list(await asyncio.gather(*(one(r) for r in workload)))
+        monitor = LoopLagMonitor(loop_lags.append) if loop_lags is not None else None
+        if monitor is not None:
+            monitor.start()
+        try:
+            return list(await asyncio.gather(*(one(r) for r in workload)))
+        finally:
+            if monitor is not None:
+                await monitor.stop()
 
 
 async def _stream(session: aiohttp.ClientSession, body: dict, headers: dict, record: RequestRecord,

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from bench.client import drive
-from bench.live import MODEL_NAME, MODEL_PATH, LiveRunner, _shaper
+from bench.live import LiveRunner, _shaper
 from bench.metrics import percentile
 from bench.workload import PlannedRequest
 
@@ -29,7 +29,7 @@ def _ours(runner: LiveRunner, system: str, rate: float, prompts: int, input_len:
         now += rng.expovariate(rate)
         workload.append(PlannedRequest(request_id=f"x{index}", tenant="cross", weight=1.0, band="standard",
                                        send_s=now, prompt_tokens=input_len, output_tokens=output_len))
-    records = asyncio.run(drive(runner.base_url, MODEL_NAME, workload, runner.vocab, _shaper(system),
+    records = asyncio.run(drive(runner.base_url, runner.model_name, workload, runner.vocab, _shaper(system),
                                 lambda _: None))
     served = [r for r in records if r.ok]
     ttft = [r.ttft_s * 1000 for r in served]
@@ -38,7 +38,7 @@ def _ours(runner: LiveRunner, system: str, rate: float, prompts: int, input_len:
             "median_itl_ms": percentile(itl, 50), "p99_itl_ms": percentile(itl, 99)}
 
 
-def _vllm(base_url: str, rate: float, prompts: int, input_len: int, output_len: int, out_dir: Path) -> dict:
+def _vllm(runner: LiveRunner, rate: float, prompts: int, input_len: int, output_len: int, out_dir: Path) -> dict:
     from vllm.benchmarks.serve import add_cli_args
     from vllm.benchmarks.serve import main as bench_serve
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -46,8 +46,8 @@ def _vllm(base_url: str, rate: float, prompts: int, input_len: int, output_len: 
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
     args = parser.parse_args([
-        "--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions", "--model", MODEL_NAME,
-        "--tokenizer", str(MODEL_PATH), "--dataset-name", "random", "--random-input-len", str(input_len),
+        "--backend", "openai", "--base-url", runner.base_url, "--endpoint", "/v1/completions",
+        "--model", runner.model_name, "--tokenizer", str(runner.model_path), "--dataset-name", "random", "--random-input-len", str(input_len),
         "--random-output-len", str(output_len), "--random-range-ratio", "0", "--num-prompts", str(prompts),
         "--request-rate", str(rate), "--ignore-eos", "--seed", "5", "--percentile-metrics", "ttft,itl",
         "--metric-percentiles", "50,99", "--save-result", "--result-dir", str(out_dir),
@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run both clients against one system and print the comparison."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--system", default="gateway")
+    parser.add_argument("--model", default="tiny", help="tiny or bench (bench/models.py)")
     parser.add_argument("--rate", type=float, default=2.0)
     parser.add_argument("--prompts", type=int, default=60)
     parser.add_argument("--input", type=int, default=128)
@@ -69,10 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("bench/results/crosscheck"))
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    runner = LiveRunner(Path("deploy/local.yaml"), 512, args.out)
+    runner = LiveRunner(Path("deploy/local.yaml"), 512, args.out, model=args.model)
     try:
         runner.start(args.system)
-        theirs = _vllm(runner.base_url, args.rate, args.prompts, args.input, args.output, args.out)
+        theirs = _vllm(runner, args.rate, args.prompts, args.input, args.output, args.out)
         ours = _ours(runner, args.system, args.rate, args.prompts, args.input, args.output)
     finally:
         runner.close()

@@ -18,25 +18,28 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.client import drive
+from bench.headroom import (
+    CpuSampler, histogram_p99, lag_histogram, percentile_of, real_engine, simulated_engine, verdict,
+)
+from bench.models import ensure_model, served_name
 from bench.metrics import RequestRecord
 from tests.support.serve_launcher import REPO_ROOT, serve_run
 from bench.systems import BAND_PRIORITY
 from bench.workload import PlannedRequest, Scenario
 
-MODEL_NAME = "tiny-llama"
-MODEL_PATH = REPO_ROOT / ".cache" / "models" / "tiny-llama"
 
 
 class LiveRunner:
     """Keeps one system's deployment up while its scenarios run; switches when the system changes."""
 
-    where = "this machine (2 cores): real vLLM CPU, tiny model, 2 replicas, `serve run`"
     note = "client: bench/client.py (aiohttp, open loop, one process)"
 
     def __init__(self, config: Path, max_in_flight: int, out_dir: Path, simulated: str | None = None,
-                 replicas: int = 16) -> None:
+                 replicas: int = 16, model: str = "bench") -> None:
         self._simulated = simulated
         self._replicas = replicas
+        self.model_name, self.model_path = served_name(model), ensure_model(model)
+        self.where = f"this machine (2 cores): real vLLM CPU, {model} model, 2 replicas, `serve run`"
         if simulated is not None:
             self.where = (f"this machine: the gateway under `serve run` in front of {replicas} simulated replicas "
                           f"(replicas/sim_replica.py, profile {simulated})")
@@ -46,17 +49,27 @@ class LiveRunner:
         self._system: str | None = None
         self._stack = contextlib.ExitStack()
         self._base_url = ""
+        self.last_headroom: dict | None = None  # the last run's host headroom (bench/headroom.py)
         from transformers import AutoTokenizer
 
-        self._vocab = len(AutoTokenizer.from_pretrained(MODEL_PATH))  # prompts are random ids below it
+        self._vocab = len(AutoTokenizer.from_pretrained(self.model_path))  # prompts are random ids below it
 
     def run(self, system: str, scenario: Scenario, workload: list[PlannedRequest],
             progress: Callable[[int], None]) -> list[RequestRecord]:
         """Run ``workload`` against ``system`` (bringing its deployment up if another one runs)."""
         if system != self._system:
             self.start(system)
-        return asyncio.run(drive(self._base_url, MODEL_NAME, workload, self._vocab, _shaper(system), progress,
-                                 self._max_in_flight))
+        client_lags: list[float] = []
+        gateway_before = _gateway_lags(self._base_url, system)
+        with CpuSampler(simulated_engine if self._simulated else real_engine) as cpu:
+            records = asyncio.run(drive(self._base_url, self.model_name, workload, self._vocab, _shaper(system),
+                                        progress, self._max_in_flight, loop_lags=client_lags))
+        client_p99 = percentile_of(client_lags, 99)
+        gateway_p99 = histogram_p99(gateway_before, _gateway_lags(self._base_url, system))
+        self.last_headroom = {**cpu.summary(), "client_loop_lag_p99_ms": _ms(client_p99),
+                              "gateway_loop_lag_p99_ms": _ms(gateway_p99),
+                              "host_starved": verdict(client_p99, gateway_p99)}
+        return records
 
     def start(self, system: str) -> None:
         """Bring ``system`` up (stopping the one running), warmed and ready."""
@@ -67,6 +80,7 @@ class LiveRunner:
         work.mkdir(parents=True, exist_ok=True)
         if system.startswith("baseline") and self._simulated is None:
             def edit(args: dict) -> None:
+                args.update(model_name=self.model_name, model_path=str(self.model_path))
                 if system == "baseline-priority":
                     args["engine_kwargs"]["scheduling_policy"] = "priority"
             config, env = REPO_ROOT / "bench" / "deploy" / "ray-serve-llm.yaml", {}
@@ -76,6 +90,7 @@ class LiveRunner:
             redis_url = self._stack.enter_context(running_redis(work / "redis"))
 
             def edit(args: dict) -> None:
+                args["model"].update(name=self.model_name, path=str(self.model_path), build_tiny_model=False)
                 args["access"] = {"allow_anonymous": True, "trust_tenant_header": True}
                 args["queue"]["enabled"] = system == "gateway"
                 args["queue"]["redis_url"] = redis_url
@@ -83,7 +98,7 @@ class LiveRunner:
                     _simulated_fleet(args, system, self._simulated, self._replicas)
             config, env = self._config, {"REDIS_URL": redis_url}
         self._base_url = self._stack.enter_context(serve_run(config, work, env=env, edit=edit))
-        _warm_up(self._base_url)
+        _warm_up(self._base_url, self.model_name)
         self._system = system
 
     @property
@@ -101,6 +116,22 @@ class LiveRunner:
         self._stack.close()
         self._stack = contextlib.ExitStack()
         self._system = None
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
+
+
+def _gateway_lags(base_url: str, system: str) -> dict[float, float]:
+    """The gateways' loop-lag histogram now (empty for a system without the gateway)."""
+    import httpx
+
+    if system.startswith("baseline"):
+        return {}
+    try:
+        return lag_histogram(httpx.get(f"{base_url}/metrics", timeout=30).text)
+    except httpx.HTTPError:
+        return {}
 
 
 def _vllm_orphans() -> set[int]:
@@ -140,7 +171,7 @@ def _simulated_fleet(args: dict, system: str, profile_name: str, replicas: int) 
                                        {"name": "long"}]
 
 
-def _warm_up(base_url: str, timeout_s: float = 600) -> None:
+def _warm_up(base_url: str, model_name: str, timeout_s: float = 600) -> None:
     """Wait until completions succeed (a /v1/models answer can come before every engine is up), then warm
     every replica with a few concurrent requests, so no scenario measures a start-up."""
     import concurrent.futures
@@ -148,7 +179,7 @@ def _warm_up(base_url: str, timeout_s: float = 600) -> None:
 
     import httpx
 
-    body = {"model": MODEL_NAME, "prompt": [17, 18, 19], "max_tokens": 2}
+    body = {"model": model_name, "prompt": [17, 18, 19], "max_tokens": 2}
     deadline = time.monotonic() + timeout_s
     with httpx.Client(base_url=base_url, timeout=60) as client:
         while client.post("/v1/completions", json=body).status_code != 200:

@@ -17,6 +17,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from fleet.loop_lag import LoopLagMonitor
 from fleet.metrics_board import MetricsBoard, MetricsPublisher
 from gateway.access import Access
 from gateway.admission import QueueAdmission, admission_for
@@ -67,6 +68,8 @@ class Gateway:
         self._pools = Pools(pools)
         self.metrics = GatewayMetrics(settings.metrics.tenant_labels)
         self._access = Access(settings.access, settings.queue.band_names, settings.queue.default_band)
+        self._loop_lag = LoopLagMonitor(self.metrics.loop_lag.observe)
+        self._loop_lag.start()
         self.metrics.tenants_file_stale.set_function(lambda: float(self._access.tenants.reload_failed is not None))
         self._settings = settings
         preload_protocol_models()

@@ -15,6 +15,7 @@ disable_created_metrics()
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
                  30, 120)
+LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5, 5)
 
 
@@ -50,6 +51,10 @@ class GatewayMetrics:
                                "Where a request's time goes: authorise, parse, count_tokens, enqueue, wait_grant, "
                                "first_token (forward to the engine's first token), relay (first token to the end).",
                                ["stage"], buckets=STAGE_BUCKETS, registry=r)
+        self.loop_lag = Histogram("fleetgate_event_loop_lag_seconds",
+                                  "How late this gateway's event loop wakes a 50 ms sleeper: CPU starvation or a "
+                                  "blocking call (P99 above ~20 ms: the gateway, not the engines, is the limit).",
+                                  buckets=LOOP_LAG_BUCKETS, registry=r)
         self.duration = Histogram("fleetgate_request_duration_seconds", "Arrival to the last byte of the reply.",
                                   ["band"], buckets=LATENCY_BUCKETS, registry=r)
 

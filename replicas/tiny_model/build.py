@@ -47,6 +47,16 @@ class TinyModelSpec:
     template_version: int = 2  # 2: the chat template renders tools (as production templates do)
 
 
+# The local models by name. "tiny" (a few MB) keeps the tests fast. "bench" is sized so that one decode step
+# at batch 16 on one core here costs about what one step of an 8B model costs on a GPU (tens of ms; measured
+# by `python -m bench.calibrate --model bench`), so live benchmarks are bound by their engines, not by the
+# host's Python. Same tokenizer, template and build.
+MODEL_SIZES: dict[str, TinyModelSpec] = {
+    "tiny": TinyModelSpec(),
+    "bench": TinyModelSpec(hidden_size=768, intermediate_size=2048, num_layers=8, num_heads=12, num_kv_heads=4),
+}
+
+
 def train_tokenizer(spec: TinyModelSpec, out_dir: Path) -> "PreTrainedTokenizerFast":  # noqa: F821
     """Train a byte-level BPE on the repository corpus and save it with the chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

@@ -1,0 +1,127 @@
+"""Host headroom during a live scenario: did the engines get the cores, and did everything else (the Serve
+proxy, the gateways, Redis, the load client) keep up? A scenario whose non-engine side was starved measures
+the host, not the system under test, and is flagged.
+
+* CPU, sampled from /proc every ``period_s``: cores used by the engines (vLLM's ``VLLM::`` engine-core
+  processes, or the simulated replicas' actors) and by everything else, and the host's idle cores.
+* Event-loop lag (:class:`fleet.loop_lag.LoopLagMonitor`): the load client's own, and the gateways' from
+  their ``fleetgate_event_loop_lag_seconds`` histogram (scraped before and after the scenario).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+STARVED_LAG_S = 0.020  # a loop this late (P99) is no longer keeping up
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _process_times(is_engine) -> tuple[float, float]:
+    """CPU seconds so far of (engine processes, every other process)."""
+    engine = other = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile
+            continue
+        comm = stat[stat.index("(") + 1: stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        seconds = (int(fields[11]) + int(fields[12])) / _TICK  # utime + stime
+        if is_engine(comm, cmdline):
+            engine += seconds
+        else:
+            other += seconds
+    return engine, other
+
+
+def _idle_seconds() -> float:
+    with open("/proc/stat") as stat:
+        fields = stat.readline().split()[1:]
+    return (int(fields[3]) + int(fields[4])) / _TICK  # idle + iowait, over all cores
+
+
+def real_engine(comm: str, cmdline: str) -> bool:
+    """vLLM's engine-core process (it steps the model)."""
+    return comm.startswith("VLLM::")
+
+
+def simulated_engine(comm: str, cmdline: str) -> bool:
+    """A simulated replica's actor (its engine loop runs there)."""
+    return "ServeReplica:" in cmdline and ":vllm-" in cmdline
+
+
+class CpuSampler:
+    """Samples CPU use by engines and by everything else in a background thread, from start to stop."""
+
+    def __init__(self, is_engine=real_engine, period_s: float = 0.5) -> None:
+        self._is_engine, self._period_s = is_engine, period_s
+        self._samples: list[tuple[float, float, float]] = []  # (engine cores, other cores, idle cores)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "CpuSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        last = (time.monotonic(), *_process_times(self._is_engine), _idle_seconds())
+        while not self._stop.wait(self._period_s):
+            now = (time.monotonic(), *_process_times(self._is_engine), _idle_seconds())
+            elapsed = now[0] - last[0]
+            self._samples.append(tuple(max(0.0, (b - a) / elapsed) for a, b in zip(last[1:], now[1:])))
+            last = now
+
+    def summary(self) -> dict[str, float]:
+        """Mean cores used by the engines and by the rest, and the mean and least idle cores."""
+        if not self._samples:
+            return {}
+        engine, other, idle = zip(*self._samples)
+        return {"engine_cores": round(sum(engine) / len(engine), 2), "other_cores": round(sum(other) / len(other), 2),
+                "idle_cores_mean": round(sum(idle) / len(idle), 2), "idle_cores_min": round(min(idle), 2)}
+
+
+def percentile_of(values: Iterable[float], q: float) -> float | None:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))] if ordered else None
+
+
+def lag_histogram(metrics_text: str) -> dict[float, float]:
+    """The gateways' event-loop lag histogram (cumulative count per upper bound, summed over gateways)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    buckets: dict[float, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name == "fleetgate_event_loop_lag_seconds":
+            for sample in family.samples:
+                if sample.name.endswith("_bucket"):
+                    bound = float(sample.labels["le"])
+                    buckets[bound] = buckets.get(bound, 0.0) + sample.value
+    return buckets
+
+
+def histogram_p99(before: dict[float, float], after: dict[float, float]) -> float | None:
+    """The P99 between two scrapes, as the upper bound of the bucket it falls in (None: no samples)."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    if not counts or counts[-1] <= 0:
+        return None
+    for bound, count in zip(bounds, counts):
+        if count >= 0.99 * counts[-1]:
+            return bound
+    return bounds[-1]
+
+
+def verdict(client_lag_p99_s: float | None, gateway_lag_p99_s: float | None) -> bool:
+    """True when the non-engine side was starved: either loop's P99 lag above STARVED_LAG_S."""
+    return any(lag is not None and lag > STARVED_LAG_S for lag in (client_lag_p99_s, gateway_lag_p99_s))

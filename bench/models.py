@@ -1,0 +1,28 @@
+"""The local models a benchmark can run: "tiny" (the tests' model; host-bound live runs) and "bench" (sized
+so its engines, not the host, are the bottleneck). Both are built here, deterministically, and cached."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from replicas.tiny_model.build import MODEL_SIZES, build_tiny_model, is_built
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def served_name(size: str) -> str:
+    """The model's name in the API (``tiny-llama``, ``bench-llama``)."""
+    return f"{size}-llama"
+
+
+def model_path(size: str) -> Path:
+    """Where the model's folder is cached."""
+    return REPO_ROOT / ".cache" / "models" / served_name(size)
+
+
+def ensure_model(size: str) -> Path:
+    """The model's folder, built first if it is missing or was built from another spec."""
+    path, spec = model_path(size), MODEL_SIZES[size]
+    if not is_built(path, spec):
+        build_tiny_model(path, spec)
+    return path
