@@ -34,6 +34,9 @@ class Fleet:
 
     url: str
     redis: RedisProcess
+    work_dir: Path  # the deployed config's copy and serve run's log
+
+    config_file = REPO_ROOT / "deploy" / "local.yaml"
 
     @property
     def redis_url(self) -> str:
@@ -83,6 +86,6 @@ def fleet(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     try:
         with serve_run(REPO_ROOT / "deploy" / "local.yaml", work_dir, env={"REDIS_URL": server.url},
                        edit=for_faults, ready=ready) as url:
-            yield Fleet(url, server)
+            yield Fleet(url, server, work_dir)
     finally:
         server.stop()

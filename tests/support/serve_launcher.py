@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -81,6 +82,22 @@ def _stop(process: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+def serve_deploy(config_file: Path, work_dir: Path, edit: Callable[[dict], None]) -> None:
+    """Update the running ``serve_run`` deployment the way an operator would: ``edit`` the config it was
+    started from (``work_dir``'s copy of ``config_file``, the whole document) and ``serve deploy`` it to the
+    cluster's dashboard."""
+    deployed = work_dir / config_file.name
+    document = yaml.safe_load(deployed.read_text())
+    edit(document)
+    deployed.write_text(yaml.safe_dump(document))
+    log = (work_dir / "serve-run.log").read_text(errors="replace")
+    found = re.search(r"dashboard at \S*?(http://[0-9.:]+)", re.sub(r"\x1b\[[0-9;]*m", "", log))
+    address = found.group(1) if found else "http://127.0.0.1:8265"
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    subprocess.run(["serve", "deploy", str(deployed), "--address", address], cwd=REPO_ROOT, env=env,
+                   check=True, capture_output=True, timeout=120)
 
 
 def _tail(path: Path, lines: int = 60) -> str:

@@ -1,0 +1,93 @@
+"""A pool scaled up and then down under load, the way an operator does it (`serve deploy` with the pool's
+deployment given a new ``num_replicas``): no 5xx, no stream cut, the departed replica leaves the queue's
+fleet gracefully (no lease lapses), and the ledger balances.
+
+Slow (it starts a third vLLM replica and waits for Serve to stop one): `-m faults`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from tests.conftest import TINY_MODEL_NAME
+from tests.faults.conftest import REPLICAS, Fleet, replica_pids
+from tests.ledger import assert_ledger_balanced, snapshot
+from tests.support.serve_launcher import serve_deploy
+
+pytestmark = pytest.mark.faults
+
+SHORT = {"model": TINY_MODEL_NAME, "prompt": "scale me", "max_tokens": 8, "ignore_eos": True}
+STREAM = {"model": TINY_MODEL_NAME, "prompt": "keep streaming", "max_tokens": 48, "ignore_eos": True, "stream": True}
+WORKERS = 6
+
+
+def _scale(pool: str, replicas: int) -> Callable[[dict], None]:
+    def edit(document: dict) -> None:
+        overrides = document["applications"][0].setdefault("deployments", [])
+        overrides[:] = [d for d in overrides if d["name"] != f"vllm-{pool}"]
+        overrides.append({"name": f"vllm-{pool}", "num_replicas": replicas})
+    return edit
+
+
+def _latency_replicas(fleet: Fleet) -> list:
+    return [r for r in snapshot(fleet.redis_url).replicas if r.pool == "latency"]
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await asyncio.to_thread(condition):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.5)
+
+
+async def _one(client: httpx.AsyncClient, index: int) -> str:
+    if index % 3:
+        response = await client.post("/v1/completions", json=SHORT)
+        return str(response.status_code) if response.status_code != 200 else "ok"
+    async with client.stream("POST", "/v1/completions", json=STREAM) as response:
+        lines = [line async for line in response.aiter_lines() if line.startswith("data: ")]
+    if response.status_code != 200:
+        return str(response.status_code)
+    return "ok" if lines[-1:] == ["data: [DONE]"] and not any('"error"' in line for line in lines) else "cut"
+
+
+def test_a_pool_scales_up_and_down_under_load_with_no_5xx(fleet: Fleet) -> None:
+    events_before = snapshot(fleet.redis_url).stats
+    outcomes: Counter[str] = Counter()
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+
+        async def worker(index: int) -> None:
+            async with httpx.AsyncClient(base_url=fleet.url, timeout=120) as client:
+                while not stop.is_set():
+                    outcomes[await _one(client, index)] += 1
+
+        workers = [asyncio.create_task(worker(i)) for i in range(WORKERS)]
+        await asyncio.to_thread(serve_deploy, fleet.config_file, fleet.work_dir, _scale("latency", 2))
+        await _until(lambda: len(_latency_replicas(fleet)) == 2, 300, "the second latency replica to register")
+        # the newcomer takes work: some of its slots are seen in use
+        (newcomer,) = {r.replica_id for r in _latency_replicas(fleet)} - set(original)
+        await _until(lambda: any(r.replica_id == newcomer and r.slots_free < r.slots_total
+                                 for r in _latency_replicas(fleet)), 60, "a grant to the new replica")
+        await asyncio.to_thread(serve_deploy, fleet.config_file, fleet.work_dir, _scale("latency", 1))
+        await _until(lambda: len(_latency_replicas(fleet)) == 1 and len(replica_pids("vllm-latency")) == 1, 180,
+                     "the latency pool to scale back to one")
+        served = sum(outcomes.values())
+        await _until(lambda: sum(outcomes.values()) >= served + 2 * WORKERS, 60, "load after the scale-down")
+        stop.set()
+        await asyncio.gather(*workers)
+
+    original = [r.replica_id for r in _latency_replicas(fleet)]
+    asyncio.run(scenario())
+    assert set(outcomes) == {"ok"}, outcomes
+    state = assert_ledger_balanced(fleet.redis_url, REPLICAS, timeout_s=60)  # no ticket lease lapsed either
+    events = Counter(state.stats)
+    events.subtract(events_before)
+    assert events["replicas_deregistered"] >= 1 and events["replicas_lapsed"] == 0, dict(events)
