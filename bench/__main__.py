@@ -51,6 +51,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
                       help="bench: engine-bound (tens of ms a step); tiny: the tests' model (host-bound)")
     live.add_argument("--simulated", default=None, help="run the gateway on simulated replicas of this profile")
     live.add_argument("--replicas", type=int, default=16, help="with --simulated: replicas in the fleet")
+    live.add_argument("--time-scale", type=float, default=1.0,
+                      help="with --simulated: engine steps this many times slower (and the load that much "
+                           "sparser and longer), so the fleet is engine-bound at a rate this host can drive")
     return parser.parse_args(argv)
 
 
@@ -145,9 +148,13 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS}")
     scenarios = [Scenario.load(path) for path in args.scenarios]
     context = getattr(args, "context_tokens", None)
+    rate_scale, duration_scale = args.rate_scale, args.duration_scale
     if args.mode == "live" and args.simulated:
         context = 16384  # the production context the profile's pools are sized for
-    workloads = {s.name: generate(s, args.rate_scale, args.duration_scale, context) for s in scenarios}
+        # engines S times slower: the same requests, arriving S times less often, over S times as long
+        rate_scale, duration_scale = rate_scale / args.time_scale, duration_scale * args.time_scale
+        scenarios = [s.dilated(args.time_scale) for s in scenarios]
+    workloads = {s.name: generate(s, rate_scale, duration_scale, context) for s in scenarios}
     plan = [(s, label, system, without) for s in scenarios
             for label, system, without in _runs(s, systems, not args.no_references)]
     if args.mode == "live":  # one deployment per system: run all its scenarios before switching
@@ -167,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                 got = runner.run(system, scenario, workload, bar.update)
                 entry = results["scenarios"].setdefault(scenario.name, {
                     "description": scenario.description, "requests": len(workloads[scenario.name]),
-                    "duration_s": scenario.duration_s * args.duration_scale, "systems": {}})
+                    "duration_s": scenario.duration_s * duration_scale, "systems": {}})
                 entry["systems"][label] = summarise(got, scenario.slo, scenario.fairness_window_s)
                 if getattr(runner, "last_headroom", None) is not None:
                     entry["systems"][label]["headroom"] = runner.last_headroom
@@ -214,7 +221,8 @@ def _sim_runner(args: argparse.Namespace) -> _SimRunner:
 def _live_runner(args: argparse.Namespace):
     from bench.live import LiveRunner
 
-    return LiveRunner(args.config, args.max_in_flight, args.out, args.simulated, args.replicas, args.model)
+    return LiveRunner(args.config, args.max_in_flight, args.out, args.simulated, args.replicas, args.model,
+                      args.time_scale)
 
 
 if __name__ == "__main__":

@@ -35,14 +35,16 @@ class LiveRunner:
     note = "client: bench/client.py (aiohttp, open loop, one process)"
 
     def __init__(self, config: Path, max_in_flight: int, out_dir: Path, simulated: str | None = None,
-                 replicas: int = 16, model: str = "bench") -> None:
+                 replicas: int = 16, model: str = "bench", time_scale: float = 1.0) -> None:
         self._simulated = simulated
         self._replicas = replicas
+        self._time_scale = time_scale
         self.model_name, self.model_path = served_name(model), ensure_model(model)
         self.where = f"this machine (2 cores): real vLLM CPU, {model} model, 2 replicas, `serve run`"
         if simulated is not None:
             self.where = (f"this machine: the gateway under `serve run` in front of {replicas} simulated replicas "
-                          f"(replicas/sim_replica.py, profile {simulated})")
+                          f"(replicas/sim_replica.py, profile {simulated}, every engine step {time_scale:g}x its "
+                          f"modelled time: times here are {time_scale:g}x the GPU's, rates 1/{time_scale:g})")
         self._config = config
         self._out_dir = out_dir
         self._max_in_flight = max_in_flight
@@ -96,6 +98,7 @@ class LiveRunner:
                 args["queue"]["redis_url"] = redis_url
                 if self._simulated is not None:
                     _simulated_fleet(args, system, self._simulated, self._replicas)
+                    args["model"]["simulated_time_scale"] = self._time_scale
             config, env = self._config, {"REDIS_URL": redis_url}
         self._base_url = self._stack.enter_context(serve_run(config, work, env=env, edit=edit))
         _warm_up(self._base_url, self.model_name)

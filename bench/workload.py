@@ -114,6 +114,13 @@ class Scenario(BaseModel):
             raise ValueError(f"tenant ids must be unique: {ids}")
         return self
 
+    def dilated(self, time_scale: float) -> "Scenario":
+        """The scenario on engines ``time_scale`` times slower: its objectives and windows that much longer
+        (its rates are divided and its duration multiplied by the caller, through ``generate``'s scales)."""
+        slo = Slo(ttft_s={band: s * time_scale for band, s in self.slo.ttft_s.items()},
+                  tpot_s=self.slo.tpot_s * time_scale)
+        return self.model_copy(update={"slo": slo, "fairness_window_s": self.fairness_window_s * time_scale})
+
     @classmethod
     def load(cls, path: str | Path) -> "Scenario":
         """Read and validate a scenario file."""

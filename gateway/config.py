@@ -34,6 +34,10 @@ class ModelSource(BaseModel):
     simulated: Literal["cpu-tiny", "gpu-h100-llama3-8b"] | None = Field(
         None, description="Replace vLLM by the simulated engine with this cost model (replicas/sim_engine.py: "
         "cpu-tiny, gpu-h100-llama3-8b); the model's tokenizer is still used. For benchmarks at fleet scale.")
+    simulated_time_scale: float = Field(
+        1.0, ge=1.0, le=1000, description="Slow every simulated engine step by this factor (e.g. 10-20), so a fleet "
+        "of simulated replicas is bound by its engines at a request rate the host can drive; every time it "
+        "produces is this many times the modelled one.")
 
 
 class PoolConfig(BaseModel):

@@ -1,6 +1,6 @@
 """The simulated replica: the same Ray Serve face as :class:`replicas.deployment.VLLMReplica`, backed by
 :class:`replicas.sim_engine.SimEngine` stepping in real time (``asyncio.sleep`` for each step's modelled
-duration). The gateway, the global queue, placement and the metrics all run for real in front of it, so a
+duration, times ``spec.time_scale``). The gateway, the global queue, placement and the metrics all run for real in front of it, so a
 fleet of 16-64 replicas and thousands of requests per second can be exercised on a machine with no GPU.
 
 It answers completions and chat completions in vLLM's OpenAI format (streamed or not) with placeholder
@@ -47,7 +47,7 @@ class SimReplica(ReplicaBase):
             plan = self._engine.plan_step()
             if not plan.work:
                 continue
-            await asyncio.sleep(plan.duration_s)
+            await asyncio.sleep(plan.duration_s * self.spec.time_scale)
             outcome = self._engine.finish_step(plan)
             for request in outcome.emitted:
                 queue = self._tokens.get(request.request_id)

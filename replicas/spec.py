@@ -26,3 +26,4 @@ class ReplicaSpec(BaseModel):
     prefers: list[str] = Field(default_factory=list, description="Length classes its pool is built for.")
     metrics_interval_s: float = Field(2.0, gt=0, description="How often it publishes its metrics to the fleet.")
     simulated: str | None = Field(None, description="Cost model of the simulated engine; None: real vLLM.")
+    time_scale: float = Field(1.0, ge=1.0, description="Simulated engine: each step takes this many times its model.")

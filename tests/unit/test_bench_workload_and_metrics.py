@@ -33,6 +33,16 @@ def test_rate_scale_and_context_scale_the_load() -> None:
     assert min(bulk_long) >= 4 * min(bulk) - 4
 
 
+def test_a_dilated_scenario_is_the_same_load_on_slower_engines() -> None:
+    scenario = Scenario.load(next(p for p in SCENARIOS if p.stem == "burst"))
+    slow = scenario.dilated(10)
+    assert slow.slo.ttft_s["interactive"] == 10 * scenario.slo.ttft_s["interactive"]
+    assert slow.fairness_window_s == 10 * scenario.fairness_window_s and slow.slo.tpot_s == 10 * scenario.slo.tpot_s
+    base, sparse = generate(scenario), generate(slow, rate_scale=0.1, duration_scale=10)
+    assert 0.8 < len(sparse) / len(base) < 1.25  # about as many requests, spread over ten times as long
+    assert max(r.send_s for r in sparse) > 5 * max(r.send_s for r in base)
+
+
 def test_percentile_interpolates() -> None:
     assert percentile([], 99) is None
     assert percentile([1.0, 2.0, 3.0, 4.0, 5.0], 50) == 3.0
