@@ -14,9 +14,9 @@ seams, each its own module mirrored by a Lua file of the same name:
 * :mod:`policies.gate` -- which replicas may take a band's grant now (engine signals, in-flight credit);
 * :mod:`policies.placement` -- filter -> scorer -> picker among the open replicas.
 
-A grant reserves a slot and ``min(cost, free tokens)`` tokens on the replica, returned exactly once by
-completion, requeue or lease expiry, and counts as in flight on the replica until the replica acknowledges
-it (in a signal report) or the ticket ends. Replicas report their engines' signals (:meth:`report_signals`);
+A grant reserves a slot and ``min(cost, free tokens)`` tokens on the replica's registration (one that
+lapsed or left and registered again starts afresh), returned exactly once by completion, requeue or lease
+expiry, and counts as in flight there until the replica acknowledges it (in a signal report) or it ends. Replicas report their engines' signals (:meth:`report_signals`);
 a report older than ``signal_stale_ms`` goes stale at the start of a call, and the gate then falls back to
 the replica's concurrency cap. Flow counters live only while their tenant has waiting work in the
 band, so a tenant's next busy period starts its flows level.
@@ -32,14 +32,7 @@ from policies.gate import is_stale, open_replicas
 from policies.ordering import Fifo
 from policies.placement import choose_replica
 from policies.types import (
-    BandPolicy,
-    CancelResult,
-    CompleteResult,
-    EngineSignals,
-    EnqueueResult,
-    Grant,
-    ReplicaCapacity,
-    RequeueResult,
+    BandPolicy, CancelResult, CompleteResult, EngineSignals, EnqueueResult, Grant, ReplicaCapacity, RequeueResult,
     TicketSpec,
 )
 
@@ -51,6 +44,7 @@ class _Ticket:
     entered_band_ms: int
     lease_expires_ms: int
     granted_to: str | None = None
+    granted_epoch: int = 0  # the registration of granted_to that took it (only that one gets capacity back)
     granted_pool: str = ""
     reserved_tokens: int = 0
     charged_band: str = ""
@@ -98,6 +92,8 @@ class ReferenceScheduler:
         self.signal_stale_ms = signal_stale_ms
         self.max_flows = max_flows  # waiting flows per tenant and band
         self._positions = 0  # the flows' order: tail positions count up, head positions down
+        self._epochs: dict[str, int] = {}  # replica -> its registration's number (a new one after a lapse)
+        self._registrations = 0
 
     # ----- calls (each: reap, apply, dispatch) -----
 
@@ -115,6 +111,9 @@ class ReferenceScheduler:
         known = self.replicas.get(capacity.replica_id)
         if known is None:
             capacity.slots_free, capacity.tokens_free = capacity.slots_total, capacity.tokens_total
+            capacity.in_flight = capacity.in_flight_tokens = 0
+            self._registrations += 1
+            self._epochs[capacity.replica_id] = self._registrations
             self.replicas[capacity.replica_id] = capacity
             known = capacity
         else:
@@ -135,7 +134,7 @@ class ReferenceScheduler:
         if replica is not None:
             for ticket_id in received:
                 ticket = self.tickets.get(ticket_id)
-                if ticket is not None and ticket.granted_to == replica_id and not ticket.acked:
+                if ticket and ticket.granted_to == replica_id and self._same_registration(ticket) and not ticket.acked:
                     ticket.acked = True
                     replica.in_flight -= 1
                     replica.in_flight_tokens -= ticket.credit
@@ -294,9 +293,12 @@ class ReferenceScheduler:
             if not flows.queues:  # the tenant's last waiting ticket: its flow counters go too
                 del state.tenants[ticket.spec.tenant]
 
+    def _same_registration(self, ticket: _Ticket) -> bool:
+        return ticket.granted_to in self.replicas and self._epochs[ticket.granted_to] == ticket.granted_epoch
+
     def _release(self, ticket: _Ticket) -> None:
         replica = self.replicas.get(ticket.granted_to or "")
-        if replica is not None:
+        if replica is not None and self._same_registration(ticket):
             replica.slots_free = min(replica.slots_total, replica.slots_free + 1)
             replica.tokens_free = min(replica.tokens_total, replica.tokens_free + ticket.reserved_tokens)
             if not ticket.acked:  # it never arrived (or arrived unreported): its credit ends here
@@ -393,5 +395,5 @@ class ReferenceScheduler:
         replica.in_flight += 1
         replica.in_flight_tokens += ticket.credit
         ticket.granted_to, ticket.reserved_tokens, ticket.charged_band = replica.replica_id, reserved, ticket.band
-        ticket.granted_pool = replica.pool
+        ticket.granted_pool, ticket.granted_epoch = replica.pool, self._epochs[replica.replica_id]
         return Grant(ticket.spec.ticket_id, replica.replica_id, ticket.band, tenant, replica.pool)

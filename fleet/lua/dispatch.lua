@@ -44,11 +44,12 @@ local function remove_replica(id)
   redis.call("ZREM", K_SIGNALS, id)
 end
 
--- a grant's capacity goes back to its replica (if still registered); an unacknowledged grant's in-flight
--- credit ends with it
+-- a grant's capacity goes back to its replica if the same registration still stands (one that lapsed or
+-- left and registered again started afresh, with all its capacity free and no credit in flight); an
+-- unacknowledged grant's in-flight credit ends with it
 local function release(t)
   local r = t.granted_to ~= "" and replica_state(t.granted_to)
-  if r then
+  if r and r.epoch == t.granted_epoch then
     r.slots_free = math.min(r.slots_total, r.slots_free + 1)
     r.tokens_free = math.min(r.tokens_total, r.tokens_free + t.reserved)
     if not t.acked then
@@ -128,7 +129,7 @@ local function place(t, r)
   index_replica(r.id, s)
   local pool = s.pool
   redis.call("HSET", k_ticket(t.id), "granted_to", r.id, "granted_pool", pool, "reserved", reserved,
-    "charged_band", t.band, "acked", 0, "credit", credit)
+    "charged_band", t.band, "acked", 0, "credit", credit, "granted_epoch", s.epoch)
   redis.call("HINCRBY", K_STATS, "granted", 1)
   if t.owner ~= "" and t.id ~= INLINE_TICKET then  -- the caller of this step gets its own grant inline
     local message = cjson.encode({ticket_id = t.id, replica_id = r.id, band = t.band, tenant = t.tenant,

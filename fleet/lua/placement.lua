@@ -15,13 +15,13 @@ local function open_score(pending, slots_free) return pending * PENDING_UNIT - s
 local function replica_state(id)
   local f = redis.call("HMGET", k_replica(id), "slots_total", "slots_free", "tokens_total", "tokens_free",
     "group", "in_flight_tokens", "unstarted_tokens", "kv", "fresh", "step_tokens", "in_flight", "prefill_chunk",
-    "pool")
+    "pool", "epoch")
   if not f[1] then return nil end
   return {id = id, slots_total = tonumber(f[1]), slots_free = tonumber(f[2]), tokens_total = tonumber(f[3]),
     tokens_free = tonumber(f[4]), group = f[5], in_flight_tokens = tonumber(f[6] or "0"),
     unstarted_tokens = tonumber(f[7] or "0"), kv = tonumber(f[8] or "0"), fresh = f[9] == "1",
     step_tokens = tonumber(f[10] or "2048"), in_flight = tonumber(f[11] or "0"),
-    prefill_chunk = tonumber(f[12] or "0"), pool = f[13] or "default"}
+    prefill_chunk = tonumber(f[12] or "0"), pool = f[13] or "default", epoch = f[14] or ""}
 end
 
 -- the replica is in the index of every band the gate leaves it open to, and in no other (``r``: its state

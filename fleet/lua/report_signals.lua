@@ -1,16 +1,18 @@
 -- A replica's engine report (only that replica sends it): its signals, and the granted tickets it received
 -- since its last report, whose in-flight credit ends here (the report counts them now). Then dispatch: a
 -- report is one of dispatch's triggers (a prefill done, a request finished). A replica the queue does not
--- know (lease lapsed, deregistered) changes nothing.
+-- know (lease lapsed, deregistered) changes nothing, and neither does a ticket granted to an earlier
+-- registration of it.
 -- PAYLOAD: {replica_id, unstarted, unstarted_tokens, running, waiting, kv, received, acked: [ticket ids]}
 reap()
 local p = PAYLOAD
 local key = k_replica(p.replica_id)
 if redis.call("EXISTS", key) == 1 then
   local acked, acked_tokens = 0, 0
+  local epoch = redis.call("HGET", key, "epoch") or ""
   for _, id in ipairs(p.acked) do
-    local f = redis.call("HMGET", k_ticket(id), "granted_to", "acked", "credit")
-    if f[1] == p.replica_id and f[2] ~= "1" then
+    local f = redis.call("HMGET", k_ticket(id), "granted_to", "acked", "credit", "granted_epoch")
+    if f[1] == p.replica_id and f[2] ~= "1" and (f[4] or "") == epoch then
       redis.call("HSET", k_ticket(id), "acked", 1)
       acked, acked_tokens = acked + 1, acked_tokens + tonumber(f[3])
     end

@@ -121,6 +121,10 @@ def test_random_workload_same_decisions(redis_url: str, seed: int, uniform: bool
             if got.admitted:
                 waiting.append(spec.ticket_id)
             outcome = got.grants
+        elif op < 0.52 and rng.random() < 0.15:  # a replica leaves (its grants' capacity is not its next one's)
+            replica_id = rng.choice(replica_ids)
+            outcome = lua.deregister_replica(replica_id, now)
+            assert outcome == ref.deregister_replica(replica_id, now)
         elif op < 0.52:
             replica = _replica(rng, rng.choice(replica_ids), uniform)
             outcome = lua.register_replica(replica, LEASE_MS, now)

@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 
 from fleet.keys import QueueKeys
 from fleet.queue import GlobalQueue, QueueSettings
-from policies.types import BandPolicy, ReplicaCapacity, TicketSpec
+from policies.types import BandPolicy, EngineSignals, ReplicaCapacity, TicketSpec
 
 pytestmark = pytest.mark.integration
 
@@ -70,6 +70,23 @@ async def test_a_deregistered_replica_gets_no_requeued_ticket(redis_url: str) ->
     await queue.deregister_replica("nobody", now_ms=now_ms + 2_000)  # its lease lapsed: reaped, not deregistered
     stats = (await queue.snapshot()).stats
     assert stats["replicas_lapsed"] == 1 and stats["replicas_deregistered"] == 1
+
+
+async def test_grants_to_a_replica_that_left_and_came_back_return_nothing_to_it(redis_url: str) -> None:
+    """A replica whose lease lapsed (a late heartbeat) or that was deregistered registers again with all its
+    capacity free and nothing in flight. Grants made to its earlier registration must not be returned to the
+    new one: found by the soak, where in-flight credit went negative, so the gate over-granted and the
+    replica never looked idle again."""
+    queue = _queue(redis_url)
+    await queue.register_replica(ReplicaCapacity("r", 2, 1000), lease_ms=60_000)
+    (grant,) = (await queue.enqueue(TicketSpec("t1", "acme", "only", 10, prompt_tokens=8))).grants
+    await queue.deregister_replica("r")
+    await queue.register_replica(ReplicaCapacity("r", 2, 1000), lease_ms=60_000)
+    await queue.report_signals("r", EngineSignals(), received=["t1"])  # the old grant arrives late
+    await queue.complete("t1", 10)
+    (replica,) = (await queue.snapshot()).replicas
+    assert (replica.slots_free, replica.tokens_free, replica.in_flight, replica.in_flight_tokens) == (2, 1000, 0, 0)
+    assert grant.replica_id == "r"
 
 
 async def test_ten_thousand_fairness_ids_keep_redis_bounded(redis_url: str) -> None:
