@@ -16,11 +16,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import threading
 import time
 from collections import Counter
 from pathlib import Path
 
-from bench.soak_load import Answer, LoadLog, run_load
+import httpx
+
+from bench.headroom import lag_histogram
+from bench.soak_load import Answer, LoadLog, run_load, watch_host
 from tests.ledger import assert_ledger_balanced, snapshot
 from tests.support.local_redis import RedisProcess
 from tests.support.processes import kill, replica_pids
@@ -101,10 +105,13 @@ def _label(answer: Answer) -> str:
     return f"{answer.status} {answer.reason}".strip()
 
 
-def _blame(answer: Answer, injected: list[dict], explain_s: float) -> str | None:
-    """The latest fault at most ``explain_s`` before an error, or None (unexplained)."""
+def _blame(answer: Answer, injected: list[dict], explain_s: float, stalls: list[dict] = ()) -> str | None:
+    """The latest fault at most ``explain_s`` before an error; else "host-stall" when the host froze for a
+    second or more in the 15 s before it; else None (unexplained)."""
     before = [f for f in injected if 0 <= answer.at_s - f["at_s"] <= explain_s]
-    return before[-1]["fault"] if before else None
+    if before:
+        return before[-1]["fault"]
+    return "host-stall" if any(0 <= answer.at_s - s["at_s"] <= 15 for s in stalls) else None
 
 
 def _report(log: LoadLog, injected: list[dict], args: argparse.Namespace, ledger: str) -> dict:
@@ -112,7 +119,7 @@ def _report(log: LoadLog, injected: list[dict], args: argparse.Namespace, ledger
     by_fault: dict[str, Counter] = {}
     unexplained = []
     for answer in errors:
-        fault = _blame(answer, injected, args.explain_s)
+        fault = _blame(answer, injected, args.explain_s, log.stalls)
         if fault is None:
             unexplained.append(answer)
         else:
@@ -121,18 +128,34 @@ def _report(log: LoadLog, injected: list[dict], args: argparse.Namespace, ledger
             "by_kind": dict(Counter(a.kind for a in log.answers)),
             "by_status_and_reason": dict(Counter(_label(a) for a in log.answers)),
             "faults": injected, "errors_by_fault": {f: dict(c) for f, c in by_fault.items()},
+            "host_stalls": {"count": len(log.stalls), "longest_s": max((s["lag_s"] for s in log.stalls), default=0),
+                            "list": log.stalls[:100]},
             "unexplained_errors": [a.__dict__ for a in unexplained[:50]],
             "unexplained_count": len(unexplained), "ledger": ledger}
 
 
 async def _soak(url: str, redis: RedisProcess, args: argparse.Namespace) -> tuple[LoadLog, list[dict]]:
     stop, log, injected = asyncio.Event(), LoadLog(), []
+    host_done = threading.Event()
+    watcher = threading.Thread(target=watch_host, args=(log, host_done), daemon=True)
+    watcher.start()
     load = asyncio.create_task(run_load(url, stop, log, args.workers, args.seed))
     faults = asyncio.create_task(_faults(redis, args, stop, log, injected))
     await asyncio.sleep(args.minutes * 60)
     stop.set()
     await asyncio.gather(load, faults)
+    host_done.set()
+    watcher.join()
     return log, injected
+
+
+def _gateway_lag(url: str) -> dict[str, float]:
+    """The gateways' event-loop lag histogram over the whole soak (cumulative count per upper bound)."""
+    try:
+        scrape = httpx.get(f"{url}/metrics", timeout=30).text
+    except httpx.HTTPError:
+        return {}
+    return {str(bound): count for bound, count in sorted(lag_histogram(scrape).items())}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,17 +176,23 @@ def main(argv: list[str] | None = None) -> int:
         with serve_run(REPO_ROOT / "deploy" / "local.yaml", work, env={"REDIS_URL": redis.url}, edit=edit,
                        ready=lambda: _recovered(redis.url)) as url:
             log, injected = asyncio.run(_soak(url, redis, args))
+            gateway_lag = _gateway_lag(url)
             try:
                 assert_ledger_balanced(redis.url, REPLICAS, leases_may_expire=True, timeout_s=120)
                 ledger = "balanced"
             except AssertionError as exc:
                 ledger = f"NOT balanced: {str(exc)[:300]}"
+            events = snapshot(redis.url).stats  # since the last Redis restart
     finally:
         redis.stop()
-    report = _report(log, injected, args, ledger)
+    report = {**_report(log, injected, args, ledger), "gateway_loop_lag_histogram": gateway_lag,
+              "queue_events_since_last_redis_restart": events}
     (args.out / "results.json").write_text(json.dumps(report, indent=1))
+    stalls = report["host_stalls"]
     lines = [f"# Soak: {args.minutes:g} minutes, {report['requests']} requests, {len(injected)} faults", "",
-             f"Ledger: {ledger}. Errors no fault explains: {report['unexplained_count']}.", "",
+             f"Ledger: {ledger}. Errors no fault explains: {report['unexplained_count']}. Host stalls of 1 s or "
+             f"more (a thread of the load client woken that late): {stalls['count']}, the longest "
+             f"{stalls['longest_s']} s.", "",
              "| answer | count |", "|---|---|"]
     lines += [f"| {key} | {count} |" for key, count in sorted(report["by_status_and_reason"].items())]
     lines += ["", "| fault | at (s) | fleet back after (s) |", "|---|---|---|"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -30,6 +31,7 @@ class Answer:
 class LoadLog:
     answers: list[Answer] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
+    stalls: list[dict] = field(default_factory=list)  # {"at_s", "lag_s"}: the host froze this long
 
     def add(self, kind: str, status: int, reason: str = "") -> None:
         self.answers.append(Answer(kind, time.monotonic() - self.started, status, reason))
@@ -84,6 +86,18 @@ async def _one(client: httpx.AsyncClient, rng: random.Random, log: LoadLog) -> N
         log.add(kind, 0, "client_timeout")
     except httpx.HTTPError as exc:  # the proxy or a gateway went away under it
         log.add(kind, 0, type(exc).__name__)
+
+
+def watch_host(log: LoadLog, stop: threading.Event, min_stall_s: float = 1.0, period_s: float = 0.1) -> None:
+    """Record every time a thread that sleeps ``period_s`` wakes ``min_stall_s`` late: the whole host froze
+    (CPU starvation, memory pressure) for that long. Run it in a thread of its own until ``stop``."""
+    while True:
+        asked = time.monotonic()
+        if stop.wait(period_s):
+            return
+        lag = time.monotonic() - asked - period_s
+        if lag >= min_stall_s:
+            log.stalls.append({"at_s": round(asked - log.started, 1), "lag_s": round(lag, 2)})
 
 
 async def run_load(url: str, stop: asyncio.Event, log: LoadLog, workers: int, seed: int) -> None:

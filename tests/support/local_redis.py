@@ -50,7 +50,8 @@ class RedisProcess:
 
     def start(self) -> None:
         """Start the server and wait until it answers PING."""
-        self._process = subprocess.Popen(self._command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        self._process = subprocess.Popen(self._command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                         start_new_session=True)  # scheduled apart from its launcher
         _wait_for_ping(self.url, self._process)
 
     def stop(self) -> None:
