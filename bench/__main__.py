@@ -47,8 +47,12 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     live = sub.choices["live"]
     live.add_argument("--config", type=Path, default=Path("deploy/local.yaml"))
     live.add_argument("--max-in-flight", type=int, default=512, help="client connection cap")
-    live.add_argument("--model", default="bench", choices=("bench", "tiny"),
-                      help="bench: engine-bound (tens of ms a step); tiny: the tests' model (host-bound)")
+    live.add_argument("--model", default="bench",
+                      help="bench: engine-bound (tens of ms a step); tiny: the tests' model (host-bound); or a "
+                           "model folder (bench/gpu.sh)")
+    live.add_argument("--baseline-config", type=Path, default=Path("bench/deploy/ray-serve-llm.yaml"),
+                      help="the Ray Serve LLM baselines' config (bench/deploy/ray-serve-llm-gpu.yaml on GPUs)")
+    live.add_argument("--context-tokens", type=int, default=None, help="model context (default: the scenario's)")
     live.add_argument("--simulated", default=None, help="run the gateway on simulated replicas of this profile")
     live.add_argument("--replicas", type=int, default=16, help="with --simulated: replicas in the fleet")
     live.add_argument("--time-scale", type=float, default=1.0,
@@ -222,7 +226,7 @@ def _live_runner(args: argparse.Namespace):
     from bench.live import LiveRunner
 
     return LiveRunner(args.config, args.max_in_flight, args.out, args.simulated, args.replicas, args.model,
-                      args.time_scale)
+                      args.time_scale, args.baseline_config)
 
 
 if __name__ == "__main__":

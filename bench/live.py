@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from bench.client import drive
 from bench.headroom import (
     CpuSampler, histogram_p99, lag_histogram, percentile_of, real_engine, simulated_engine, verdict,
 )
-from bench.models import ensure_model, served_name
+from bench.models import resolve
 from bench.metrics import RequestRecord
 from tests.support.serve_launcher import REPO_ROOT, serve_run
 from bench.systems import BAND_PRIORITY
@@ -35,12 +36,15 @@ class LiveRunner:
     note = "client: bench/client.py (aiohttp, open loop, one process)"
 
     def __init__(self, config: Path, max_in_flight: int, out_dir: Path, simulated: str | None = None,
-                 replicas: int = 16, model: str = "bench", time_scale: float = 1.0) -> None:
+                 replicas: int = 16, model: str = "bench", time_scale: float = 1.0,
+                 baseline_config: Path = REPO_ROOT / "bench" / "deploy" / "ray-serve-llm.yaml") -> None:
         self._simulated = simulated
         self._replicas = replicas
         self._time_scale = time_scale
-        self.model_name, self.model_path = served_name(model), ensure_model(model)
-        self.where = f"this machine (2 cores): real vLLM CPU, {model} model, 2 replicas, `serve run`"
+        self.model_name, self.model_path = resolve(model)
+        self._baseline_config = baseline_config
+        self.where = (f"this machine ({os.cpu_count()} cores): real vLLM, model {self.model_name}, `serve run` of "
+                      f"{config} (baselines: {baseline_config})")
         if simulated is not None:
             self.where = (f"this machine: the gateway under `serve run` in front of {replicas} simulated replicas "
                           f"(replicas/sim_replica.py, profile {simulated}, every engine step {time_scale:g}x its "
@@ -85,7 +89,7 @@ class LiveRunner:
                 args.update(model_name=self.model_name, model_path=str(self.model_path))
                 if system == "baseline-priority":
                     args["engine_kwargs"]["scheduling_policy"] = "priority"
-            config, env = REPO_ROOT / "bench" / "deploy" / "ray-serve-llm.yaml", {}
+            config, env = self._baseline_config, {}
         else:
             from tests.support.local_redis import running_redis
 
@@ -94,6 +98,7 @@ class LiveRunner:
             def edit(args: dict) -> None:
                 args["model"].update(name=self.model_name, path=str(self.model_path), build_tiny_model=False)
                 args["access"] = {"allow_anonymous": True, "trust_tenant_header": True}
+                args.setdefault("metrics", {})["require_scrape_key"] = False  # the bench scrapes loop lag
                 args["queue"]["enabled"] = system == "gateway"
                 args["queue"]["redis_url"] = redis_url
                 if self._simulated is not None:

@@ -1,5 +1,6 @@
-"""The local models a benchmark can run: "tiny" (the tests' model; host-bound live runs) and "bench" (sized
-so its engines, not the host, are the bottleneck). Both are built here, deterministically, and cached."""
+"""The models a benchmark can run: "tiny" (the tests' model; host-bound live runs), "bench" (sized so its
+engines, not the host, are the bottleneck), both built here deterministically and cached, or a model
+folder (a GPU machine's real model)."""
 
 from __future__ import annotations
 
@@ -26,3 +27,13 @@ def ensure_model(size: str) -> Path:
     if not is_built(path, spec):
         build_tiny_model(path, spec)
     return path
+
+
+def resolve(model: str) -> tuple[str, Path]:
+    """(served name, folder) of a local model's name or of a model folder (served by its folder's name)."""
+    if model in MODEL_SIZES:
+        return served_name(model), ensure_model(model)
+    path = Path(model).expanduser().resolve()
+    if not (path / "config.json").is_file():
+        raise SystemExit(f"--model: {model!r} is neither {sorted(MODEL_SIZES)} nor a model folder (no config.json)")
+    return path.name, path
