@@ -50,6 +50,7 @@ def markdown(results: dict[str, Any]) -> str:
                 for key in ("jain_min", "fair_share_min", "jain_plain_min")]
             lines.append("| " + " | ".join(row) + " |")
         lines += _wait_table(scenario)
+        lines += _headroom_table(scenario)
         tenants = sorted({t for summary in scenario["systems"].values() for t in summary["tenants"]})
         lines += ["", "TTFT p50 / p99 (s) per tenant:", "",
                   "| system | " + " | ".join(tenants) + " |", "|" + "---|" * (len(tenants) + 1)]
@@ -65,6 +66,25 @@ def markdown(results: dict[str, Any]) -> str:
     if results.get("ratios"):
         lines += ["## Ratios", ""] + [f"- {line}" for line in results["ratios"]] + [""]
     return "\n".join(lines)
+
+
+def _headroom_table(scenario: dict) -> list[str]:
+    """Live runs: the host's headroom per system, and which runs were host-starved (no conclusion from them)."""
+    runs = {system: summary["headroom"] for system, summary in scenario["systems"].items() if summary.get("headroom")}
+    if not runs:
+        return []
+
+    def value(headroom: dict, key: str) -> str:
+        return "–" if headroom.get(key) is None else f"{headroom[key]:g}"
+
+    rows = [f"| {system} | " + " | ".join(value(h, k) for k in ("engine_cores", "other_cores", "idle_cores_min",
+                                                                 "client_loop_lag_p99_ms", "gateway_loop_lag_p99_ms"))
+            + (" | **host-starved: no conclusion** |" if h.get("host_starved") else " | engine-bound or idle |")
+            for system, h in runs.items()]
+    return ["", "Host headroom (cores used by the engines / by everything else / least idle; loop-lag P99 of the "
+            "load client / the gateways, ms; over 20 ms is starved):", "",
+            "| system | engines | rest | idle (least) | client lag | gateway lag | regime |",
+            "|---|---|---|---|---|---|---|", *rows]
 
 
 def _wait_table(scenario: dict) -> list[str]:

@@ -16,9 +16,9 @@ seams, each its own module mirrored by a Lua file of the same name:
 
 A grant reserves a slot and ``min(cost, free tokens)`` tokens on the replica's registration (one that
 lapsed or left and registered again starts afresh), returned exactly once by completion, requeue or lease
-expiry, and counts as in flight there until the replica acknowledges it (in a signal report) or it ends. Replicas report their engines' signals (:meth:`report_signals`);
-a report older than ``signal_stale_ms`` goes stale at the start of a call, and the gate then falls back to
-the replica's concurrency cap. Flow counters live only while their tenant has waiting work in the
+expiry, and counts as in flight there until the replica acknowledges it (in a signal report) or it ends.
+Replicas report their engines' signals (:meth:`report_signals`); a report older than ``signal_stale_ms``
+goes stale at the start of a call, and the gate falls back to the replica's concurrency cap. Flow counters live only while their tenant has waiting work in the
 band, so a tenant's next busy period starts its flows level.
 """
 
