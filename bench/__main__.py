@@ -53,6 +53,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     live.add_argument("--baseline-config", type=Path, default=Path("bench/deploy/ray-serve-llm.yaml"),
                       help="the Ray Serve LLM baselines' config (bench/deploy/ray-serve-llm-gpu.yaml on GPUs)")
     live.add_argument("--context-tokens", type=int, default=None, help="model context (default: the scenario's)")
+    live.add_argument("--engine-cores", default="config",
+                      help="cores every system's vLLM engines' threads bind to, e.g. '1' ('auto': on a host of 4 "
+                           "cores or fewer, the last one; 'config': the configs' own). See bench/README.md")
     live.add_argument("--simulated", default=None, help="run the gateway on simulated replicas of this profile")
     live.add_argument("--replicas", type=int, default=16, help="with --simulated: replicas in the fleet")
     live.add_argument("--time-scale", type=float, default=1.0,
@@ -225,8 +228,13 @@ def _sim_runner(args: argparse.Namespace) -> _SimRunner:
 def _live_runner(args: argparse.Namespace):
     from bench.live import LiveRunner
 
+    from bench.live import default_engine_cores
+
+    cores = {"auto": default_engine_cores(), "config": None}.get(args.engine_cores)
+    if args.engine_cores not in ("auto", "config"):
+        cores = [int(core) for core in args.engine_cores.split(",")]
     return LiveRunner(args.config, args.max_in_flight, args.out, args.simulated, args.replicas, args.model,
-                      args.time_scale, args.baseline_config)
+                      args.time_scale, args.baseline_config, cores)
 
 
 if __name__ == "__main__":

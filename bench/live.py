@@ -37,14 +37,18 @@ class LiveRunner:
 
     def __init__(self, config: Path, max_in_flight: int, out_dir: Path, simulated: str | None = None,
                  replicas: int = 16, model: str = "bench", time_scale: float = 1.0,
-                 baseline_config: Path = REPO_ROOT / "bench" / "deploy" / "ray-serve-llm.yaml") -> None:
+                 baseline_config: Path = REPO_ROOT / "bench" / "deploy" / "ray-serve-llm.yaml",
+                 engine_cores: list[int] | None = None) -> None:
         self._simulated = simulated
         self._replicas = replicas
         self._time_scale = time_scale
         self.model_name, self.model_path = resolve(model)
         self._baseline_config = baseline_config
+        self._engine_cores = engine_cores  # every system's engines share these cores (None: the configs' own)
         self.where = (f"this machine ({os.cpu_count()} cores): real vLLM, model {self.model_name}, `serve run` of "
                       f"{config} (baselines: {baseline_config})")
+        if engine_cores:
+            self.where += f"; every system's engines share core(s) {_bind(engine_cores)}, the rest of the host the others"
         if simulated is not None:
             self.where = (f"this machine: the gateway under `serve run` in front of {replicas} simulated replicas "
                           f"(replicas/sim_replica.py, profile {simulated}, every engine step {time_scale:g}x its "
@@ -87,6 +91,8 @@ class LiveRunner:
         if system.startswith("baseline") and self._simulated is None:
             def edit(args: dict) -> None:
                 args.update(model_name=self.model_name, model_path=str(self.model_path))
+                if self._engine_cores:
+                    args["env"] = {**args.get("env", {}), "VLLM_CPU_OMP_THREADS_BIND": _bind(self._engine_cores)}
                 if system == "baseline-priority":
                     args["engine_kwargs"]["scheduling_policy"] = "priority"
             config, env = self._baseline_config, {}
@@ -99,6 +105,9 @@ class LiveRunner:
                 args["model"].update(name=self.model_name, path=str(self.model_path), build_tiny_model=False)
                 args["access"] = {"allow_anonymous": True, "trust_tenant_header": True}
                 args.setdefault("metrics", {})["require_scrape_key"] = False  # the bench scrapes loop lag
+                if self._engine_cores and self._simulated is None:
+                    for pool in args["pools"]:
+                        pool["cpu_binding"] = {"cores": self._engine_cores, "cores_per_replica": len(self._engine_cores)}
                 args["queue"]["enabled"] = system == "gateway"
                 args["queue"]["redis_url"] = redis_url
                 if self._simulated is not None:
@@ -124,6 +133,17 @@ class LiveRunner:
         self._stack.close()
         self._stack = contextlib.ExitStack()
         self._system = None
+
+
+def default_engine_cores() -> list[int] | None:
+    """On a small host (4 cores or fewer), every engine shares the last core and the rest of the host (Serve's
+    proxy, the gateways, Redis, the load client) keeps the others; otherwise the configs' own binding."""
+    cores = sorted(os.sched_getaffinity(0))
+    return [cores[-1]] if 1 < len(cores) <= 4 else None
+
+
+def _bind(cores: list[int]) -> str:
+    return ",".join(str(core) for core in cores)
 
 
 def _ms(seconds: float | None) -> float | None:

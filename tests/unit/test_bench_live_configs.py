@@ -36,3 +36,11 @@ def test_each_system_is_told_what_it_understands() -> None:
     assert _shaper("baseline")(request) == ({}, {})
     assert _shaper("baseline-priority")(request) == ({"priority": 0}, {})
     assert _shaper("gateway")(request) == ({}, {"x-tenant-id": "t", "x-priority": "interactive"})
+
+
+def test_a_live_run_says_where_its_engines_run(tmp_path, tiny_model_path) -> None:
+    from bench.live import LiveRunner
+
+    runner = LiveRunner(Path("deploy/local.yaml"), 8, tmp_path, model="tiny", engine_cores=[1])
+    assert "model tiny-llama" in runner.where and "share core(s) 1" in runner.where
+    assert "share core" not in LiveRunner(Path("deploy/local.yaml"), 8, tmp_path, model="tiny").where
