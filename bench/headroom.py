@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterable
 from pathlib import Path
 
 STARVED_LAG_S = 0.020  # a loop this late (P99) is no longer keeping up
@@ -91,11 +90,6 @@ class CpuSampler:
                 "idle_cores_mean": round(sum(idle) / len(idle), 2), "idle_cores_min": round(min(idle), 2)}
 
 
-def percentile_of(values: Iterable[float], q: float) -> float | None:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))] if ordered else None
-
-
 def lag_histogram(metrics_text: str) -> dict[float, float]:
     """The gateways' event-loop lag histogram (cumulative count per upper bound, summed over gateways)."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -108,6 +102,16 @@ def lag_histogram(metrics_text: str) -> dict[float, float]:
                     bound = float(sample.labels["le"])
                     buckets[bound] = buckets.get(bound, 0.0) + sample.value
     return buckets
+
+
+def scrape_lag_histogram(base_url: str) -> dict[float, float]:
+    """The gateways' loop-lag histogram now, from ``base_url``/metrics (empty if it cannot be scraped)."""
+    import httpx
+
+    try:
+        return lag_histogram(httpx.get(f"{base_url}/metrics", timeout=30).text)
+    except httpx.HTTPError:
+        return {}
 
 
 def histogram_p99(before: dict[float, float], after: dict[float, float]) -> float | None:

@@ -20,14 +20,13 @@ from pathlib import Path
 
 from bench.client import drive
 from bench.headroom import (
-    CpuSampler, histogram_p99, lag_histogram, percentile_of, real_engine, simulated_engine, verdict,
+    CpuSampler, histogram_p99, real_engine, scrape_lag_histogram, simulated_engine, verdict,
 )
+from bench.metrics import RequestRecord, percentile
 from bench.models import resolve
-from bench.metrics import RequestRecord
 from tests.support.serve_launcher import REPO_ROOT, serve_run
 from bench.systems import BAND_PRIORITY
 from bench.workload import PlannedRequest, Scenario
-
 
 
 class LiveRunner:
@@ -74,7 +73,7 @@ class LiveRunner:
         with CpuSampler(simulated_engine if self._simulated else real_engine) as cpu:
             records = asyncio.run(drive(self._base_url, self.model_name, workload, self._vocab, _shaper(system),
                                         progress, self._max_in_flight, loop_lags=client_lags))
-        client_p99 = percentile_of(client_lags, 99)
+        client_p99 = percentile(client_lags, 99)
         gateway_p99 = histogram_p99(gateway_before, _gateway_lags(self._base_url, system))
         self.last_headroom = {**cpu.summary(), "client_loop_lag_p99_ms": _ms(client_p99),
                               "gateway_loop_lag_p99_ms": _ms(gateway_p99),
@@ -152,14 +151,7 @@ def _ms(seconds: float | None) -> float | None:
 
 def _gateway_lags(base_url: str, system: str) -> dict[float, float]:
     """The gateways' loop-lag histogram now (empty for a system without the gateway)."""
-    import httpx
-
-    if system.startswith("baseline"):
-        return {}
-    try:
-        return lag_histogram(httpx.get(f"{base_url}/metrics", timeout=30).text)
-    except httpx.HTTPError:
-        return {}
+    return {} if system.startswith("baseline") else scrape_lag_histogram(base_url)
 
 
 def _vllm_orphans() -> set[int]:

@@ -21,9 +21,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import httpx
-
-from bench.headroom import lag_histogram
+from bench.headroom import scrape_lag_histogram
 from bench.soak_load import Answer, LoadLog, run_load, watch_host
 from tests.ledger import assert_ledger_balanced, snapshot
 from tests.support.local_redis import RedisProcess
@@ -151,11 +149,7 @@ async def _soak(url: str, redis: RedisProcess, args: argparse.Namespace) -> tupl
 
 def _gateway_lag(url: str) -> dict[str, float]:
     """The gateways' event-loop lag histogram over the whole soak (cumulative count per upper bound)."""
-    try:
-        scrape = httpx.get(f"{url}/metrics", timeout=30).text
-    except httpx.HTTPError:
-        return {}
-    return {str(bound): count for bound, count in sorted(lag_histogram(scrape).items())}
+    return {str(bound): count for bound, count in sorted(scrape_lag_histogram(url).items())}
 
 
 def main(argv: list[str] | None = None) -> int:
