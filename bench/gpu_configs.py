@@ -10,12 +10,11 @@
 from __future__ import annotations
 
 import argparse
-import copy
 from pathlib import Path
 
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from tests.support.serve_launcher import REPO_ROOT
 
 
 def gateway_config(gpus: int) -> dict:
@@ -46,7 +45,7 @@ def baseline_config(gpus: int) -> dict:
     args.update(replicas=gpus, num_cpus=2, env={},
                 placement_group_config={"bundles": [{"GPU": 1, "CPU": 2}]},
                 engine_kwargs={"max_model_len": engine["max_model_len"], "enable_prefix_caching": True})
-    return copy.deepcopy(document)
+    return document
 
 
 def main(argv: list[str] | None = None) -> int:

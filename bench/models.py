@@ -7,8 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from replicas.tiny_model.build import MODEL_SIZES, build_tiny_model, is_built
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from tests.support.serve_launcher import REPO_ROOT
 
 
 def served_name(size: str) -> str:
