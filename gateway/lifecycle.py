@@ -24,7 +24,7 @@ from fleet.config import QueueConfig
 from gateway.access import Access
 from gateway.accounting import Settlement, StreamUsage, reported_tokens
 from gateway.admission import AdmissionRequest, AdmissionStrategy, Admitted
-from gateway.classify import RequestClassifier
+from gateway.classify import Classification, RequestClassifier
 from gateway.errors import (
     GatewayError, GrantLost, InvalidValue, ModelNotFound, UpstreamUnavailable, from_vllm_error,
 )
@@ -39,6 +39,7 @@ from replicas.base import MISROUTED, NO_GRANT
 logger = logging.getLogger(__name__)
 
 CLIENT_GONE = 499  # the client went away before the reply (nginx's convention, for logs and metrics)
+SERVED_WAIT_S = 4.0  # how long a replica may take to say what a request cut short served
 
 
 class RequestLifecycle:
@@ -106,9 +107,9 @@ class RequestLifecycle:
             try:
                 header, replies = await self._forward(admission.parsed, place, at_engine)
             except asyncio.CancelledError:
-                # the client left while an engine worked on its reply: what the engine did is unknown here,
-                # and work that ran is never refunded, so it is charged its estimate
-                served = admission.size.cost if at_engine[0] else 0
+                if at_engine[0]:  # the estimate stands if this is cut short too: work that ran is never refunded
+                    served = admission.size.cost
+                    served = await self._served_after_client_left(place, admission.size)
                 raise
             if header["status"] != 200:
                 raise from_vllm_error(header["status"], header["body"])
@@ -155,6 +156,21 @@ class RequestLifecycle:
                 return header, replies
             at_engine[0] = False
             await place.requeue()
+
+    async def _served_after_client_left(self, place: Admitted, size: Classification) -> int:
+        """The client left while a replica held its request (Ray Serve cancels the replica's call with the
+        client's): the tokens its engine served, as the replica recorded them. Work that ran is never refunded:
+        the request's estimate when the replica cannot say (no grant names it, a stream cut before its first
+        line, no answer within SERVED_WAIT_S)."""
+        if place.replica_id is None or place.ticket_id is None:
+            return size.cost
+        try:
+            served = await asyncio.wait_for(
+                self._pools.served(place.pool, place.replica_id, place.ticket_id, SERVED_WAIT_S), SERVED_WAIT_S + 1)
+        except Exception as exc:
+            logger.warning("a replica did not say what a cancelled request served: %s", type(exc).__name__)
+            return size.cost
+        return size.cost if served is None else served
 
     def _check_model(self, parsed: ParsedRequest) -> None:
         if parsed.model != self._served_model_name:

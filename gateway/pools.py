@@ -32,6 +32,12 @@ class Pools:
         grant = {GRANT_KWARG: replica_id, "ticket_id": ticket_id} if replica_id is not None else {}
         return handle.generate.remote(parsed.endpoint, parsed.body, prompt_tokens=prompt_tokens, **grant)
 
+    async def served(self, pool: str, replica_id: str, ticket_id: str, timeout_s: float) -> int | None:
+        """Tokens ``replica_id``'s engine served for grant ``ticket_id`` once its call ended (the client left
+        before the reply); None if the replica does not know within ``timeout_s``."""
+        handle = self._handles.get(pool) or self._handles[self._default]
+        return await handle.served.remote(ticket_id, timeout_s, **{GRANT_KWARG: replica_id})
+
     async def listing(self) -> dict[str, Any]:
         """vLLM's model listing (fetched from a replica once, then cached)."""
         if self._listing is None:

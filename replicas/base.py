@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from fleet.capacity import CapacityRegistration
+from replicas.call_outcomes import CallOutcomes
 from fleet.signal_reporter import SignalReporter
 from policies.placement import guarded_classes
 from policies.types import EngineSignals, ReplicaCapacity
@@ -23,6 +24,7 @@ from replicas.spec import ReplicaSpec
 Endpoint = Literal["chat", "completion"]
 MISROUTED = 421  # "misdirected request": the call reached a replica other than the granted one
 NO_GRANT = 403  # with the global queue on, a call must carry a grant the queue made to this replica
+GIVEN_UP = 499  # the gateway gave the call up (its client left) before it arrived: nothing ran
 
 
 class ReplicaReply(BaseModel):
@@ -54,6 +56,8 @@ class ReplicaBase:
         self.spec = spec
         self.replica_id = serve_replica_id()
         self.tracker = RequestTracker()
+        self.outcomes = CallOutcomes()
+        self._served_when_cut: dict[str, int | None] = {}
 
     async def _join_fleet(self, slots: int, kv_tokens: int, step_tokens: int, prefill_chunk: int,
                           publish_metrics: bool) -> ReplicaCapacity:
@@ -103,20 +107,38 @@ class ReplicaBase:
         if self._registration is not None and not await self._holds_grant(ticket_id):
             yield ReplicaReply(status=NO_GRANT, body=_no_grant()).model_dump()
             return
+        if ticket_id is not None and not self.outcomes.begin(ticket_id):
+            yield ReplicaReply(status=GIVEN_UP).model_dump()
+            return
         key = self.tracker.enter(prompt_tokens)
         body["request_id"] = key  # the engine's id for it: the replica's own, never the client's
         if ticket_id is not None and self._reporter is not None:
             self._reporter.received(ticket_id)
+        served: int | None = None
         try:
             first = True
             async for message in self.serve(endpoint, body):
                 if first and isinstance(message, str):  # the stream's first line: the engine has started it
                     self.tracker.started(key)
                     first = False
+                elif isinstance(message, dict):
+                    served = _served_in(message)
                 yield message
         finally:
+            if ticket_id is not None:
+                self.outcomes.end(ticket_id, self._served_when_cut.pop(key, served))
             self.tracker.leave(key)
             self.engine_stepped()  # an abort changes the engine's state without a step
+
+    async def served(self, ticket_id: str, timeout_s: float, granted_replica: str | None = None) -> int | None:
+        """Tokens the engine served for the call of grant ``ticket_id`` (the gateway asks when its client left
+        before the reply): see :class:`replicas.call_outcomes.CallOutcomes`. ``granted_replica`` routes this
+        call to the replica the grant names."""
+        return await self.outcomes.served(ticket_id, timeout_s)
+
+    def cut_short(self, key: str, served: int | None) -> None:
+        """Request ``key`` was cancelled having served ``served`` tokens (the engine's count, if known)."""
+        self._served_when_cut[key] = served
 
     async def _holds_grant(self, ticket_id: str | None) -> bool:
         return ticket_id is not None and self._registration is not None and await self._registration.holds_grant(ticket_id)
@@ -142,6 +164,16 @@ class ReplicaBase:
         except RuntimeError:  # garbage collection, no loop: the lease lapses
             return None
         return self._registration.deregister()
+
+
+def _served_in(header: dict[str, Any]) -> int | None:
+    """Tokens a reply's header says were served: a full reply's usage, 0 for an error, None for a stream."""
+    if header.get("stream"):
+        return None
+    if header.get("status") != 200:
+        return 0
+    total = ((header.get("body") or {}).get("usage") or {}).get("total_tokens")
+    return None if total is None else int(total)
 
 
 def _no_grant() -> dict[str, Any]:

@@ -7,6 +7,7 @@ reply format and the misroute check are :class:`replicas.base.ReplicaBase`'s.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable
@@ -20,6 +21,9 @@ from replicas.engine_settings import EngineSettings
 from replicas.spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
+
+FINISH_NOW_S = 3.0  # how long a cancelled request may take to finish early with its usage
+FINISH_RETRY_S = 0.01
 
 
 class VLLMReplica(ReplicaBase):
@@ -39,8 +43,9 @@ class VLLMReplica(ReplicaBase):
                     capacity, settings.model_dump())
 
     async def serve(self, endpoint: Endpoint, body: dict[str, Any]) -> AsyncIterator[dict[str, Any] | str]:
-        """vLLM's reply. When the caller goes away Ray Serve cancels this generator; vLLM's serving layer
-        then aborts the engine request, so no engine capacity is spent on a reply nobody reads."""
+        """vLLM's reply. When the caller goes away Ray Serve cancels this generator and the engine request is
+        aborted, so no engine capacity is spent on a reply nobody reads; a reply that is not streamed is first
+        finished early, so that its usage (what the engine did) is known (:meth:`ReplicaBase.cut_short`)."""
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
         from vllm.entrypoints.openai.completion.protocol import CompletionRequest
         from vllm.entrypoints.serve.engine.protocol import ErrorResponse
@@ -49,10 +54,11 @@ class VLLMReplica(ReplicaBase):
         try:
             if endpoint == "chat":
                 request = ChatCompletionRequest.model_validate(body)
-                result = await self._state.openai_serving_chat.create_chat_completion(request, None)
+                work = self._state.openai_serving_chat.create_chat_completion(request, None)
             else:
                 request = CompletionRequest.model_validate(body)
-                result = await self._state.openai_serving_completion.create_completion(request, None)
+                work = self._state.openai_serving_completion.create_completion(request, None)
+            result = await (work if request.stream else self._unless_cut_short(body["request_id"], work))
         except Exception as exc:  # vLLM's own mapping: validation errors are 4xx, the rest 5xx
             result = create_error_response(exc)
         if isinstance(result, ErrorResponse):
@@ -64,6 +70,38 @@ class VLLMReplica(ReplicaBase):
         yield ReplicaReply(status=200, stream=True).model_dump()
         async for line in result:
             yield line
+
+    async def _unless_cut_short(self, key: str, work: Awaitable[Any]) -> Any:
+        """vLLM's full reply to request ``key``. If the caller is cancelled first, the engine finishes the
+        request now (reason "abort", with its output so far), and its usage is recorded before re-raising."""
+        running = asyncio.ensure_future(work)
+        try:
+            return await asyncio.shield(running)
+        except asyncio.CancelledError:
+            self.cut_short(key, await self._finish_now(key, running))
+            raise
+
+    async def _finish_now(self, key: str, running: asyncio.Future[Any]) -> int | None:
+        """End request ``key`` in the engine now; the tokens it served (None if that is not known in time)."""
+        try:
+            async with asyncio.timeout(FINISH_NOW_S):
+                while not running.done() and not await self._abort_in_engine(key):
+                    await asyncio.sleep(FINISH_RETRY_S)  # vLLM's serving layer is still templating or tokenising
+                usage = getattr(await running, "usage", None)
+                return None if usage is None else int(usage.total_tokens)
+        except Exception as exc:  # the time ran out, or the request failed: the gateway charges its estimate
+            logger.warning("a cancelled request's usage is unknown: %s", type(exc).__name__)
+            running.cancel()
+            return None
+
+    async def _abort_in_engine(self, key: str) -> bool:
+        """Abort the engine's requests for ``key`` (several for a batch of prompts or ``n`` > 1): vLLM finishes
+        each with its output so far. False while the engine holds none of them yet."""
+        states = self._engine.output_processor.request_states.values()
+        ids = {s.external_req_id for s in states if self.tracker.key_of(s.external_req_id or "") == key}
+        if ids:
+            await self._engine.abort(sorted(ids))
+        return bool(ids)
 
     def _on_engine_step(self, scheduler_stats: Any) -> None:
         self._step_stats = scheduler_stats

@@ -65,18 +65,22 @@ class SimReplica(ReplicaBase):
     async def serve(self, endpoint: Endpoint, body: dict[str, Any]) -> AsyncIterator[dict[str, Any] | str]:
         """Run one request on the simulated engine; the same messages as vLLM's replica."""
         request_id = str(body.get("request_id") or uuid.uuid4().hex)
-        prompt = _prompt_tokens(endpoint, body)
         output = int(body.get("max_tokens") or body.get("max_completion_tokens") or DEFAULT_OUTPUT_TOKENS)
+        request = SimRequest(request_id, _prompt_tokens(endpoint, body), output,
+                             priority=int(body.get("priority") or 0), arrival_s=time.monotonic())
         tokens: asyncio.Queue[bool] = asyncio.Queue()
         self._tokens[request_id] = tokens
-        self._engine.add(SimRequest(request_id, prompt, output, priority=int(body.get("priority") or 0),
-                                    arrival_s=time.monotonic()))
+        self._engine.add(request)
         self._wake.set()
         try:
             if not body.get("stream"):
-                while not await tokens.get():
-                    pass
-                yield ReplicaReply(status=200, body=self._completion(endpoint, request_id, prompt, output)).model_dump()
+                try:
+                    while not await tokens.get():
+                        pass
+                except asyncio.CancelledError:
+                    self.cut_short(request_id, request.prompt_tokens + request.generated)
+                    raise
+                yield ReplicaReply(status=200, body=self._completion(endpoint, request)).model_dump()
                 return
             yield ReplicaReply(status=200, stream=True).model_dump()
             finished = False
@@ -85,7 +89,7 @@ class SimReplica(ReplicaBase):
                 yield _sse(self._chunk(endpoint, request_id, finished))
             if (body.get("stream_options") or {}).get("include_usage"):
                 yield _sse({"id": request_id, "object": "text_completion", "model": self._model, "choices": [],
-                            "usage": _usage(prompt, output)})
+                            "usage": _usage(request)})
             yield "data: [DONE]\n\n"
         finally:
             self._tokens.pop(request_id, None)
@@ -99,15 +103,15 @@ class SimReplica(ReplicaBase):
         return {"id": request_id, "object": "text_completion", "model": self._model,
                 "choices": [{"index": 0, "text": " tok", "finish_reason": reason}]}
 
-    def _completion(self, endpoint: Endpoint, request_id: str, prompt: int, output: int) -> dict[str, Any]:
-        text = " tok" * output
+    def _completion(self, endpoint: Endpoint, request: SimRequest) -> dict[str, Any]:
+        text = " tok" * request.generated
         if endpoint == "chat":
             choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
             kind = "chat.completion"
         else:
             choice, kind = {"index": 0, "text": text, "finish_reason": "length"}, "text_completion"
-        return {"id": request_id, "object": kind, "model": self._model, "choices": [choice],
-                "usage": _usage(prompt, output)}
+        return {"id": request.request_id, "object": kind, "model": self._model, "choices": [choice],
+                "usage": _usage(request)}
 
     async def models(self) -> dict[str, Any]:
         """The served model, as vLLM lists it."""
@@ -135,8 +139,9 @@ def _prompt_tokens(endpoint: Endpoint, body: dict[str, Any]) -> int:
     return max(1, len(str(prompt)) // 4)
 
 
-def _usage(prompt: int, output: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": output, "total_tokens": prompt + output}
+def _usage(request: SimRequest) -> dict[str, int]:
+    return {"prompt_tokens": request.prompt_tokens, "completion_tokens": request.generated,
+            "total_tokens": request.prompt_tokens + request.generated}
 
 
 def _sse(payload: dict[str, Any]) -> str:

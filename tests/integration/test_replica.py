@@ -184,3 +184,32 @@ async def test_signals_go_stale_without_reports_and_the_gate_falls_back(replica,
     await queue.expire(now_ms=far_future)
     assert not (await queue.snapshot(now_ms=far_future)).replicas[0].fresh
     assert (await _replica_state(queue_config, lambda s: s.fresh)).fresh  # its next heartbeat restores it
+
+
+async def test_a_cancelled_call_records_what_its_engine_served(replica) -> None:
+    """A client that leaves cancels the call; the replica still learns, and tells, what the engine served."""
+    from replicas.base import GIVEN_UP
+
+    body = {"model": TINY_MODEL_NAME, "prompt": "x", "max_tokens": 4000, "ignore_eos": True}
+    queue = _queue()
+    (grant,) = (await queue.enqueue(TicketSpec("t-cut", "acme", "interactive", 10))).grants
+    replies = replica.options(stream=True).generate.remote("completion", body, granted_replica=grant.replica_id,
+                                                           ticket_id="t-cut")
+    header = asyncio.ensure_future(replies.__anext__())
+    started = time.monotonic()
+    while await replica.unfinished_requests.remote() != 1:
+        assert time.monotonic() - started < 10, "the request never reached the engine"
+        await asyncio.sleep(0.02)
+    replies.cancel()
+    served = await replica.served.remote("t-cut", 5.0, granted_replica=grant.replica_id)
+    assert served is not None and 1 < served < 4000  # its prompt and the tokens generated before the cut
+    assert await replica.unfinished_requests.remote() == 0  # and the engine stopped working on it
+    header.cancel()
+    await queue.complete("t-cut", served)
+    # a call given up before it arrives: nothing ran (0), and when it does arrive it is answered at once
+    (grant,) = (await queue.enqueue(TicketSpec("t-late", "acme", "interactive", 10))).grants
+    assert await replica.served.remote("t-late", 5.0, granted_replica=grant.replica_id) == 0
+    replies = [item async for item in replica.options(stream=True).generate.remote(
+        "completion", body, granted_replica=grant.replica_id, ticket_id="t-late")]
+    assert [r["status"] for r in replies] == [GIVEN_UP]
+    await queue.complete("t-late", 0)
