@@ -39,6 +39,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         p.add_argument("--duration-scale", type=float, default=1.0, help="stretch every scenario")
         p.add_argument("--out", type=Path, default=Path(f"bench/results/{mode}"))
         p.add_argument("--no-references", action="store_true", help="skip the runs without the named tenants")
+        p.add_argument("--loads", default=None,
+                       help="a load sweep instead: offered loads as multiples of capacity, e.g. 0.5,1,2,3 "
+                            "(bench/sweep.py)")
     sim = sub.choices["sim"]
     sim.add_argument("--profile", default="cpu-tiny", help="cpu-tiny or gpu-h100-llama3-8b")
     sim.add_argument("--replicas", type=int, default=2)
@@ -53,9 +56,10 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     live.add_argument("--baseline-config", type=Path, default=Path("bench/deploy/ray-serve-llm.yaml"),
                       help="the Ray Serve LLM baselines' config (bench/deploy/ray-serve-llm-gpu.yaml on GPUs)")
     live.add_argument("--context-tokens", type=int, default=None, help="model context (default: the scenario's)")
-    live.add_argument("--engine-cores", default="config",
-                      help="cores every system's vLLM engines' threads bind to, e.g. '1' ('auto': on a host of 4 "
-                           "cores or fewer, the last one; 'config': the configs' own). See bench/README.md")
+    live.add_argument("--engine-cores", default="auto",
+                      help="cores every system's vLLM engine processes are confined to, everything else to the "
+                           "others, e.g. '1' ('auto': on a host of 4 cores or fewer, the last one, else the "
+                           "configs' own binding; 'config': the configs' own). See bench/README.md")
     live.add_argument("--simulated", default=None, help="run the gateway on simulated replicas of this profile")
     live.add_argument("--replicas", type=int, default=16, help="with --simulated: replicas in the fleet")
     live.add_argument("--time-scale", type=float, default=1.0,
@@ -153,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(systems) - set(SYSTEMS)
     if unknown:
         raise SystemExit(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS}")
-    scenarios = [Scenario.load(path) for path in args.scenarios]
+    scenarios = plain = [Scenario.load(path) for path in args.scenarios]
     context = getattr(args, "context_tokens", None)
     rate_scale, duration_scale = args.rate_scale, args.duration_scale
     if args.mode == "live" and args.simulated:
@@ -161,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         # engines S times slower: the same requests, arriving S times less often, over S times as long
         rate_scale, duration_scale = rate_scale / args.time_scale, duration_scale * args.time_scale
         scenarios = [s.dilated(args.time_scale) for s in scenarios]
+    if args.loads:
+        return _sweep(args, argv, plain, scenarios, systems, rate_scale, duration_scale, context)
     workloads = {s.name: generate(s, rate_scale, duration_scale, context) for s in scenarios}
     plan = [(s, label, system, without) for s in scenarios
             for label, system, without in _runs(s, systems, not args.no_references)]
@@ -195,6 +201,31 @@ def main(argv: list[str] | None = None) -> int:
     summary = report.write(args.out, results, records)
     print(summary.read_text())
     print(f"report: {summary}")
+    return 0
+
+
+def _sweep(args: argparse.Namespace, argv: list[str] | None, plain: list[Scenario], scenarios: list[Scenario],
+           systems: list[str], rate_scale: float, duration_scale: float, context: int | None) -> int:
+    from tqdm import tqdm
+
+    from bench import sweep
+
+    runner = _sim_runner(args) if args.mode == "sim" else _live_runner(args)
+    meta = {"mode": args.mode, "where": runner.where, "note": runner.note,
+            "command": "python -m bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
+            "started": datetime.datetime.now().isoformat(timespec="seconds")}
+    with tqdm(unit="req", desc=f"{args.mode} sweep", dynamic_ncols=True) as bar:
+        try:
+            results = sweep.sweep(args, plain, scenarios, systems, runner, rate_scale, duration_scale, context,
+                                  bar.update)
+        finally:
+            runner.close()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "sweep.json").write_text(json.dumps({"meta": meta, "scenarios": results}, indent=1))
+    sweep.plots(args.out, results)
+    summary = args.out / "sweep.md"
+    summary.write_text(sweep.markdown(results, meta))
+    print(summary.read_text())
     return 0
 
 

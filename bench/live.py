@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.client import drive
+from bench.cores import confine_processes, confine_threads, host_cores
 from bench.headroom import (
     CpuSampler, histogram_p99, real_engine, scrape_lag_histogram, simulated_engine, verdict,
 )
@@ -43,11 +44,17 @@ class LiveRunner:
         self._time_scale = time_scale
         self.model_name, self.model_path = resolve(model)
         self._baseline_config = baseline_config
-        self._engine_cores = engine_cores  # every system's engines share these cores (None: the configs' own)
+        # every system's engines share these cores, everything else the others (None: the configs' own binding)
+        self._engine_cores = engine_cores if simulated is None else None
         self.where = (f"this machine ({os.cpu_count()} cores): real vLLM, model {self.model_name}, `serve run` of "
                       f"{config} (baselines: {baseline_config})")
-        if engine_cores:
-            self.where += f"; every system's engines share core(s) {_bind(engine_cores)}, the rest of the host the others"
+        if self._engine_cores:
+            host = host_cores(self._engine_cores)
+            if not host:
+                raise SystemExit(f"--engine-cores {_bind(self._engine_cores)} leaves no core for the rest of the host")
+            confine_threads(os.getpid(), host)  # what this process starts (serve run, Ray, Redis) inherits it
+            self.where += (f"; every system's engine processes confined to core(s) {_bind(self._engine_cores)}, "
+                           f"everything else (Ray, proxy, gateways, Redis, load client) to {_bind(host)}")
         if simulated is not None:
             self.where = (f"this machine: the gateway under `serve run` in front of {replicas} simulated replicas "
                           f"(replicas/sim_replica.py, profile {simulated}, every engine step {time_scale:g}x its "
@@ -114,6 +121,8 @@ class LiveRunner:
                     args["model"]["simulated_time_scale"] = self._time_scale
             config, env = self._config, {"REDIS_URL": redis_url}
         self._base_url = self._stack.enter_context(serve_run(config, work, env=env, edit=edit))
+        if self._engine_cores and not confine_processes(real_engine, self._engine_cores):
+            raise RuntimeError(f"{system}: no vLLM engine process found to confine to the engine cores")
         _warm_up(self._base_url, self.model_name)
         self._system = system
 

@@ -116,6 +116,7 @@ def latency_summary(records: list[RequestRecord], slo: Slo, span_s: float) -> di
         "queue_p50_s": percentile(before, 50), "queue_p99_s": percentile(before, 99),
         "engine_queue_p50_s": percentile(in_engine, 50), "engine_queue_p99_s": percentile(in_engine, 99),
         "goodput_rps": len(good) / span_s if span_s > 0 else 0.0,
+        "tokens_per_s": sum(r.prompt_tokens + len(r.token_s) for r in served) / span_s if span_s > 0 else 0.0,
         "slo_attainment": len(good) / len(records) if records else None,
         "rejected": dict(rejected),
         "errors": sorted({r.error for r in records if not r.ok and r.error})[:3],

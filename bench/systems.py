@@ -116,6 +116,9 @@ PROFILES = {
     # vLLM's CPU server defaults: 2048 tokens, 128 sequences per step
     "cpu-tiny": profile_from_deploy("local.yaml", "cpu-tiny",
                                     SimEngineSettings(max_num_batched_tokens=2048, max_num_seqs=128), 524_288),
+    # the bench model on the same pools: 8 layers x 4 KV heads x 64 dims x K,V x 2 bytes = 8 KiB a token, 1 GiB
+    "cpu-bench": profile_from_deploy("local.yaml", "cpu-bench",
+                                     SimEngineSettings(max_num_batched_tokens=2048, max_num_seqs=128), 131_072),
     # vLLM's server defaults on an H100/H200: 8192 tokens, 1024 sequences
     "gpu-h100-llama3-8b": profile_from_deploy("gpu.yaml", "gpu-h100-llama3-8b",
                                               SimEngineSettings(max_num_batched_tokens=8192, max_num_seqs=1024),

@@ -49,6 +49,11 @@ class StepCostModel(BaseModel):
     per_attention_s: float = Field(0.0, ge=0, description="Cost per (new token x context token) pair.")
     source: str = Field("", description="Where the figures come from.")
 
+    def slowed(self, factor: float) -> "StepCostModel":
+        """The same engine ``factor`` times slower (e.g. sharing its core with another)."""
+        return self.model_copy(update={name: getattr(self, name) * factor for name in
+                                       ("base_s", "per_token_s", "per_seq_s", "per_attention_s")})
+
     def step_s(self, batched_tokens: int, seqs: int, attention_pairs: float) -> float:
         """Seconds one step takes."""
         return (self.base_s + self.per_token_s * batched_tokens + self.per_seq_s * seqs
@@ -63,6 +68,13 @@ CPU_TINY_MODEL = StepCostModel(
     source="python -m bench.calibrate on this machine: vLLM 0.32 CPU, tiny-llama, 1 core, enforce_eager",
 )
 
+# The bench model (replicas/tiny_model/build.py, size "bench": hidden 768, 8 layers) the same way, on one
+# core: `python -m bench.calibrate --model bench` (bench/results/calibrate/bench-model.json).
+CPU_BENCH_MODEL = StepCostModel(
+    base_s=0.009305, per_token_s=0.0005559, per_seq_s=6.625e-05, per_attention_s=3.076e-07,
+    source="python -m bench.calibrate --model bench on this machine: vLLM 0.32 CPU, 1 core, enforce_eager",
+)
+
 # Llama-3-8B (bf16) on one H100 SXM, from the roofline of published figures, not a measurement here:
 # a step reads the 16 GB of weights at ~3.35 TB/s HBM3 (~4.8 ms) plus ~1.5 ms of launch and sampling
 # overhead; each computed token costs 2 x 8e9 FLOPs at ~50% of 989 dense bf16 TFLOP/s (~32 us); each
@@ -74,7 +86,7 @@ GPU_H100_LLAMA3_8B = StepCostModel(
     source="roofline from the H100 SXM datasheet (3.35 TB/s, 989 TFLOP/s bf16) for Llama-3-8B; not measured",
 )
 
-COST_MODELS = {"cpu-tiny": CPU_TINY_MODEL, "gpu-h100-llama3-8b": GPU_H100_LLAMA3_8B}
+COST_MODELS = {"cpu-tiny": CPU_TINY_MODEL, "cpu-bench": CPU_BENCH_MODEL, "gpu-h100-llama3-8b": GPU_H100_LLAMA3_8B}
 
 
 class SimEngineSettings(BaseModel):

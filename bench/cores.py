@@ -1,0 +1,51 @@
+"""Cores for a live run on a small host: the engines get theirs (this host's stand-in for the accelerators),
+and the rest of the host (Ray, the Serve proxy, the gateways, Redis, the load client) keeps the others.
+
+The bench confines itself to the host cores before it starts anything, so every process it starts inherits
+them. Once a deployment is up, every thread of every engine process (vLLM's ``VLLM::`` processes) is moved
+to the engine cores. vLLM's own OpenMP binding (``VLLM_CPU_OMP_THREADS_BIND``) places only its compute
+threads: measured here, the engine-core process's other threads ran on both cores and starved the host side.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+
+def host_cores(engine_cores: list[int]) -> list[int]:
+    """The cores this process may use that are not the engines'."""
+    return sorted(set(os.sched_getaffinity(0)) - set(engine_cores))
+
+
+def confine_threads(pid: int, cores: list[int]) -> int:
+    """Move every thread of process ``pid`` to ``cores``; the threads moved (0 if it is gone)."""
+    moved = 0
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return 0
+    for task in tasks:
+        try:
+            os.sched_setaffinity(int(task.name), cores)
+            moved += 1
+        except OSError:  # the thread ended meanwhile
+            continue
+    return moved
+
+
+def confine_processes(is_engine: Callable[[str, str], bool], cores: list[int]) -> list[int]:
+    """Move every thread of every process ``is_engine(comm, cmdline)`` picks to ``cores``; their pids."""
+    moved = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            comm = (entry / "comm").read_text().strip()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if is_engine(comm, cmdline) and confine_threads(int(entry.name), cores):
+            moved.append(int(entry.name))
+    return moved

@@ -1,0 +1,34 @@
+"""A live run's core split: engine processes (every thread) to the engine cores, the rest to the others."""
+
+import os
+import subprocess
+import sys
+
+from bench.cores import confine_processes, confine_threads, host_cores
+
+SPIN = "import threading, time; [threading.Thread(target=time.sleep, args=(60,)).start() for _ in range(3)]; time.sleep(60)"
+
+
+def test_an_engine_process_and_all_its_threads_move_and_nothing_else_does() -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    engine_core = [cores[-1]]
+    marker = "fleetgate-test-engine-%d" % os.getpid()
+    engine = subprocess.Popen([sys.executable, "-c", SPIN, marker])
+    bystander = subprocess.Popen([sys.executable, "-c", SPIN])
+    try:
+        while len(os.listdir(f"/proc/{engine.pid}/task")) < 4:  # its three threads have started
+            pass
+        moved = confine_processes(lambda comm, cmdline: marker in cmdline, engine_core)
+        assert moved == [engine.pid]
+        for tid in os.listdir(f"/proc/{engine.pid}/task"):
+            assert os.sched_getaffinity(int(tid)) == set(engine_core)
+        assert os.sched_getaffinity(bystander.pid) == set(cores)
+    finally:
+        engine.kill()
+        bystander.kill()
+
+
+def test_the_host_keeps_the_other_cores() -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    assert host_cores([cores[-1]]) == cores[:-1]
+    assert host_cores(cores) == []  # the runner refuses a split that leaves the host nothing
