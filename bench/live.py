@@ -48,13 +48,12 @@ class LiveRunner:
         self._engine_cores = engine_cores if simulated is None else None
         self.where = (f"this machine ({os.cpu_count()} cores): real vLLM, model {self.model_name}, `serve run` of "
                       f"{config} (baselines: {baseline_config})")
+        self._host_cores = host_cores(self._engine_cores) if self._engine_cores else None
         if self._engine_cores:
-            host = host_cores(self._engine_cores)
-            if not host:
+            if not self._host_cores:
                 raise SystemExit(f"--engine-cores {_bind(self._engine_cores)} leaves no core for the rest of the host")
-            confine_threads(os.getpid(), host)  # what this process starts (serve run, Ray, Redis) inherits it
             self.where += (f"; every system's engine processes confined to core(s) {_bind(self._engine_cores)}, "
-                           f"everything else (Ray, proxy, gateways, Redis, load client) to {_bind(host)}")
+                           f"everything else (Ray, proxy, gateways, Redis, load client) to {_bind(self._host_cores)}")
         if simulated is not None:
             self.where = (f"this machine: the gateway under `serve run` in front of {replicas} simulated replicas "
                           f"(replicas/sim_replica.py, profile {simulated}, every engine step {time_scale:g}x its "
@@ -90,6 +89,8 @@ class LiveRunner:
     def start(self, system: str) -> None:
         """Bring ``system`` up (stopping the one running), warmed and ready."""
         self.close()
+        if self._host_cores:  # what this process starts (serve run, Ray, Redis) inherits its cores
+            confine_threads(os.getpid(), self._host_cores)
         engines_before = _vllm_orphans()
         self._stack.callback(lambda: _kill_new_orphans(engines_before))
         work = self._out_dir / "deployments" / system  # its config copy and `serve run` log stay for reading

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,8 @@ def test_each_system_is_told_what_it_understands() -> None:
 def test_a_live_run_says_where_its_engines_run(tmp_path, tiny_model_path) -> None:
     from bench.live import LiveRunner
 
+    cores = os.sched_getaffinity(0)
     runner = LiveRunner(Path("deploy/local.yaml"), 8, tmp_path, model="tiny", engine_cores=[1])
-    assert "model tiny-llama" in runner.where and "share core(s) 1" in runner.where
-    assert "share core" not in LiveRunner(Path("deploy/local.yaml"), 8, tmp_path, model="tiny").where
+    assert "model tiny-llama" in runner.where and "confined to core(s) 1, everything else" in runner.where
+    assert "confined" not in LiveRunner(Path("deploy/local.yaml"), 8, tmp_path, model="tiny").where
+    assert os.sched_getaffinity(0) == cores  # nothing confined until a deployment starts
