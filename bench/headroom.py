@@ -19,21 +19,24 @@ STARVED_LAG_S = 0.020  # a loop this late (P99) is no longer keeping up
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _process_times(is_engine) -> tuple[float, float]:
-    """CPU seconds so far of (engine processes, every other process)."""
+def _process_times(is_engine, known: dict[int, bool]) -> tuple[float, float]:
+    """CPU seconds so far of (engine processes, every other process). ``known`` remembers which processes
+    are engines, so each sample reads one small file per process (the sampler shares the client's GIL)."""
     engine = other = 0.0
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
+        pid = int(entry.name)
         try:
             stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if pid not in known:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                known[pid] = is_engine(stat[stat.index("(") + 1: stat.rindex(")")], cmdline)
         except OSError:  # gone meanwhile
             continue
-        comm = stat[stat.index("(") + 1: stat.rindex(")")]
         fields = stat[stat.rindex(")") + 2:].split()
         seconds = (int(fields[11]) + int(fields[12])) / _TICK  # utime + stime
-        if is_engine(comm, cmdline):
+        if known[pid]:
             engine += seconds
         else:
             other += seconds
@@ -74,9 +77,10 @@ class CpuSampler:
         self._thread.join()
 
     def _run(self) -> None:
-        last = (time.monotonic(), *_process_times(self._is_engine), _idle_seconds())
+        known: dict[int, bool] = {}
+        last = (time.monotonic(), *_process_times(self._is_engine, known), _idle_seconds())
         while not self._stop.wait(self._period_s):
-            now = (time.monotonic(), *_process_times(self._is_engine), _idle_seconds())
+            now = (time.monotonic(), *_process_times(self._is_engine, known), _idle_seconds())
             elapsed = now[0] - last[0]
             self._samples.append(tuple(max(0.0, (b - a) / elapsed) for a, b in zip(last[1:], now[1:])))
             last = now

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.client import drive
-from bench.cores import confine_processes, confine_threads, host_cores
+from bench.cores import ahead_of_the_host, confine_processes, confine_threads, host_cores
 from bench.headroom import (
     CpuSampler, histogram_p99, real_engine, scrape_lag_histogram, simulated_engine, verdict,
 )
@@ -76,14 +76,14 @@ class LiveRunner:
             self.start(system)
         client_lags: list[float] = []
         gateway_before = _gateway_lags(self._base_url, system)
-        with CpuSampler(simulated_engine if self._simulated else real_engine) as cpu:
+        with CpuSampler(simulated_engine if self._simulated else real_engine) as cpu, ahead_of_the_host() as ahead:
             records = asyncio.run(drive(self._base_url, self.model_name, workload, self._vocab, _shaper(system),
                                         progress, self._max_in_flight, loop_lags=client_lags))
         client_p99 = percentile(client_lags, 99)
         gateway_p99 = histogram_p99(gateway_before, _gateway_lags(self._base_url, system))
         self.last_headroom = {**cpu.summary(), "client_loop_lag_p99_ms": _ms(client_p99),
                               "gateway_loop_lag_p99_ms": _ms(gateway_p99),
-                              "host_starved": verdict(client_p99, gateway_p99)}
+                              "host_starved": verdict(client_p99, gateway_p99), "client_niced": ahead}
         return records
 
     def start(self, system: str) -> None:
@@ -122,9 +122,9 @@ class LiveRunner:
                     args["model"]["simulated_time_scale"] = self._time_scale
             config, env = self._config, {"REDIS_URL": redis_url}
         self._base_url = self._stack.enter_context(serve_run(config, work, env=env, edit=edit))
+        _warm_up(self._base_url, self.model_name)  # every engine is up once completions succeed
         if self._engine_cores and not confine_processes(real_engine, self._engine_cores):
             raise RuntimeError(f"{system}: no vLLM engine process found to confine to the engine cores")
-        _warm_up(self._base_url, self.model_name)
         self._system = system
 
     @property

@@ -32,3 +32,13 @@ def test_the_host_keeps_the_other_cores() -> None:
     cores = sorted(os.sched_getaffinity(0))
     assert host_cores([cores[-1]]) == cores[:-1]
     assert host_cores(cores) == []  # the runner refuses a split that leaves the host nothing
+
+
+def test_the_load_client_runs_ahead_of_the_host_while_it_drives_and_not_after() -> None:
+    from bench.cores import ahead_of_the_host
+
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    with ahead_of_the_host(-5) as allowed:
+        if allowed:
+            assert os.getpriority(os.PRIO_PROCESS, 0) == -5
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before
