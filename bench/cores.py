@@ -54,13 +54,20 @@ def confine_processes(is_engine: Callable[[str, str], bool], cores: list[int]) -
 
 @contextlib.contextmanager
 def ahead_of_the_host(niceness: int = -10) -> Iterator[bool]:
-    """Run this process's threads at ``niceness`` meanwhile (the load client is the instrument, not the system
-    under test: on a real bench it has a machine of its own); yields False where that is not permitted."""
+    """Run this process ahead of the rest of the host meanwhile: the load client is the instrument, not the
+    system under test (on a real bench it has a machine of its own). With the kernel's autogroups on, a
+    thread's nice value only orders it within its session, and `serve run` starts Ray in a session of its
+    own, so the session's autogroup gets ``niceness`` as well as every thread. Yields False where that is not
+    permitted; everything is put back afterwards."""
     tids = [int(task.name) for task in Path("/proc/self/task").iterdir()]
     before = {tid: os.getpriority(os.PRIO_PROCESS, tid) for tid in tids}
+    autogroup = Path("/proc/self/autogroup")
+    group_before = _autogroup_nice(autogroup)
     try:
         for tid in tids:
             os.setpriority(os.PRIO_PROCESS, tid, niceness)
+        if group_before is not None:
+            autogroup.write_text(str(niceness))
         allowed = True
     except PermissionError:
         allowed = False
@@ -70,3 +77,14 @@ def ahead_of_the_host(niceness: int = -10) -> Iterator[bool]:
         for tid, value in before.items():
             with contextlib.suppress(OSError):
                 os.setpriority(os.PRIO_PROCESS, tid, value)
+        if group_before is not None:
+            with contextlib.suppress(OSError):
+                autogroup.write_text(str(group_before))
+
+
+def _autogroup_nice(autogroup: Path) -> int | None:
+    """The nice value of this session's autogroup ("/autogroup-25 nice 0"), None without autogroups."""
+    try:
+        return int(autogroup.read_text().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None

@@ -42,3 +42,16 @@ def test_the_load_client_runs_ahead_of_the_host_while_it_drives_and_not_after() 
         if allowed:
             assert os.getpriority(os.PRIO_PROCESS, 0) == -5
     assert os.getpriority(os.PRIO_PROCESS, 0) == before
+
+
+def test_the_session_runs_ahead_too_where_the_kernel_groups_sessions() -> None:
+    from pathlib import Path
+
+    from bench.cores import _autogroup_nice, ahead_of_the_host
+
+    autogroup = Path("/proc/self/autogroup")
+    before = _autogroup_nice(autogroup)
+    with ahead_of_the_host(-5) as allowed:
+        if allowed and before is not None:
+            assert _autogroup_nice(autogroup) == -5
+    assert _autogroup_nice(autogroup) == before
