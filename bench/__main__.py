@@ -46,6 +46,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     sim.add_argument("--profile", default="cpu-tiny", help="cpu-tiny or gpu-h100-llama3-8b")
     sim.add_argument("--replicas", type=int, default=2)
     sim.add_argument("--context-tokens", type=int, default=None, help="model context (default: the scenario's)")
+    sim.add_argument("--slowdown", type=float, default=1.0,
+                     help="engine steps this many times the profile's (2: two engines sharing one core, as the "
+                          "live CPU runs do)")
     sim.add_argument("--queue-overhead-ms", type=float, default=None, help="per-grant overhead (default: measured)")
     live = sub.choices["live"]
     live.add_argument("--config", type=Path, default=Path("deploy/local.yaml"))
@@ -235,12 +238,13 @@ class _SimRunner:
         from replicas.sim_engine import COST_MODELS
 
         profile = PROFILES[args.profile]
-        self.cost = COST_MODELS[profile.cost_model]
+        self.cost = COST_MODELS[profile.cost_model].slowed(args.slowdown)
         self.systems = build_systems(args.profile, args.replicas)
         if args.queue_overhead_ms is not None:
             self.systems["gateway"] = self.systems["gateway"].model_copy(
                 update={"queue_overhead_s": args.queue_overhead_ms / 1000})
-        self.where = f"discrete-event simulation, {args.replicas} replicas, profile {args.profile}"
+        self.where = f"discrete-event simulation, {args.replicas} replicas, profile {args.profile}" + (
+            f", steps {args.slowdown:g}x slower" if args.slowdown != 1 else "")
         self.note = f"cost model: {self.cost.source}"
 
     def run(self, system: str, scenario: Scenario, workload: list[PlannedRequest], progress) -> list[RequestRecord]:

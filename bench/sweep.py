@@ -23,7 +23,7 @@ LIVE_ENGINES = 2  # vLLM engines in every live system (deploy/local.yaml's pools
 def capacity_for(args: argparse.Namespace, scenario: Scenario, context: int | None) -> tuple[float, str]:
     """The fleet's capacity for the scenario (req/s, at the engines' own speed) and how it was modelled."""
     if args.mode == "sim":
-        profile, replicas, slowed = args.profile, args.replicas, 1.0
+        profile, replicas, slowed = args.profile, args.replicas, args.slowdown
     elif args.simulated:
         profile, replicas, slowed = args.simulated, args.replicas, 1.0
     else:
@@ -114,17 +114,23 @@ def plots(out_dir: Path, results: dict[str, Any]) -> list[Path]:
             points = [(float(load), p["systems"][system]) for load, p in entry["loads"].items()
                       if system in p["systems"]]
             for ax, key in zip(axes, ("interactive_ttft_p99_s", "batch_tokens_per_s")):
-                xy = [(load, f[key]) for load, f in points if f[key] is not None]
-                ax.plot([x for x, _ in xy], [y for _, y in xy], "o-", label=system)
+                xy = [(load, f[key], _starved(f)) for load, f in points if f[key] is not None]
+                line, = ax.plot([x for x, _, _ in xy], [y for _, y, _ in xy], "-", label=system)
+                for x, y, starved in xy:  # a host-starved point is hollow: no conclusion from it
+                    ax.plot([x], [y], "o", color=line.get_color(), markerfacecolor="none" if starved else None)
         axes[0].set_yscale("log")
         axes[0].set_title(f"{name}: interactive P99 TTFT (s)")
         axes[1].set_title(f"{name}: batch band throughput (tokens/s)")
         for ax in axes:
-            ax.set_xlabel("offered load (x capacity)")
+            ax.set_xlabel("offered load (x capacity); hollow: host-starved")
             ax.grid(alpha=0.3)
         axes[0].legend(fontsize=8)
         written.append(_save(fig, out_dir / f"{name}-sweep.png"))
     return written
+
+
+def _starved(figures: dict[str, Any]) -> bool:
+    return bool((figures.get("headroom") or {}).get("host_starved"))
 
 
 def _s(value: float | None) -> str:
