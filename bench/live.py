@@ -75,12 +75,13 @@ class LiveRunner:
         if system != self._system:
             self.start(system)
         client_lags: list[float] = []
-        gateway_before = _gateway_lags(self._base_url, system)
+        behind_gateway = self._simulated is not None or not system.startswith("baseline")
+        gateway_before = _gateway_lags(self._base_url, behind_gateway)
         with CpuSampler(simulated_engine if self._simulated else real_engine) as cpu, ahead_of_the_host() as ahead:
             records = asyncio.run(drive(self._base_url, self.model_name, workload, self._vocab, _shaper(system),
                                         progress, self._max_in_flight, loop_lags=client_lags))
         client_p99 = percentile(client_lags, 99)
-        gateway_p99 = histogram_p99(gateway_before, _gateway_lags(self._base_url, system))
+        gateway_p99 = histogram_p99(gateway_before, _gateway_lags(self._base_url, behind_gateway))
         self.last_headroom = {**cpu.summary(), "client_loop_lag_p99_ms": _ms(client_p99),
                               "gateway_loop_lag_p99_ms": _ms(gateway_p99),
                               "host_starved": verdict(client_p99, gateway_p99), "client_niced": ahead}
@@ -120,6 +121,7 @@ class LiveRunner:
                 if self._simulated is not None:
                     _simulated_fleet(args, system, self._simulated, self._replicas)
                     args["model"]["simulated_time_scale"] = self._time_scale
+                    _dilate_queue(args["queue"], self._time_scale)
             config, env = self._config, {"REDIS_URL": redis_url}
         self._base_url = self._stack.enter_context(serve_run(config, work, env=env, edit=edit))
         _warm_up(self._base_url, self.model_name)  # every engine is up once completions succeed
@@ -159,9 +161,10 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 1)
 
 
-def _gateway_lags(base_url: str, system: str) -> dict[float, float]:
-    """The gateways' loop-lag histogram now (empty for a system without the gateway)."""
-    return {} if system.startswith("baseline") else scrape_lag_histogram(base_url)
+def _gateway_lags(base_url: str, behind_gateway: bool) -> dict[float, float]:
+    """The gateways' loop-lag histogram now (empty for a system without the gateway: Ray Serve LLM's
+    baselines; the simulated fleet's baselines run on the gateway's no-queue path)."""
+    return scrape_lag_histogram(base_url) if behind_gateway else {}
 
 
 def _vllm_orphans() -> set[int]:
@@ -199,6 +202,15 @@ def _simulated_fleet(args: dict, system: str, profile_name: str, replicas: int) 
     } for pool in spec.pools]
     args["queue"]["length_classes"] = [{"name": "short", "max_prompt_tokens": spec.short_prompt_tokens},
                                        {"name": "long"}]
+
+
+def _dilate_queue(queue: dict, time_scale: float) -> None:
+    """The queue's own time limits on engines ``time_scale`` times slower: the longest wait and each band's
+    aging stretch with them (heartbeats and leases do not: they pace the host, not the engines)."""
+    queue["max_wait_s"] = queue.get("max_wait_s", 60) * time_scale
+    for band in queue.get("bands", []):
+        if "aging_s" in band:
+            band["aging_s"] *= time_scale
 
 
 def _warm_up(base_url: str, model_name: str, timeout_s: float = 600) -> None:

@@ -47,3 +47,11 @@ def test_a_live_run_says_where_its_engines_run(tmp_path, tiny_model_path) -> Non
     assert "model tiny-llama" in runner.where and "confined to core(s) 1, everything else" in runner.where
     assert "confined" not in LiveRunner(Path("deploy/local.yaml"), 8, tmp_path, model="tiny").where
     assert os.sched_getaffinity(0) == cores  # nothing confined until a deployment starts
+
+
+def test_a_time_scaled_fleet_waits_and_ages_on_its_own_clock() -> None:
+    from bench.live import _dilate_queue
+
+    queue = {"max_wait_s": 60, "bands": [{"name": "interactive"}, {"name": "batch", "aging_s": 30}]}
+    _dilate_queue(queue, 16)
+    assert queue["max_wait_s"] == 960 and queue["bands"][1]["aging_s"] == 480 and "aging_s" not in queue["bands"][0]
