@@ -177,10 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         plan.sort(key=lambda run: SYSTEMS.index(run[2]))
     total = sum(len([r for r in workloads[s.name] if r.tenant not in without]) for s, _, _, without in plan)
     runner = _sim_runner(args) if args.mode == "sim" else _live_runner(args)
-    results: dict[str, Any] = {"meta": {
-        "mode": args.mode, "where": runner.where, "note": runner.note,
-        "command": "python -m bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
-        "started": datetime.datetime.now().isoformat(timespec="seconds")}, "scenarios": {}}
+    results: dict[str, Any] = {"meta": _meta(args, argv, runner), "scenarios": {}}
     records: dict[str, dict[str, list[RequestRecord]]] = {}
     with tqdm(total=total, unit="req", desc=args.mode, dynamic_ncols=True) as bar:
         try:
@@ -207,6 +204,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _meta(args: argparse.Namespace, argv: list[str] | None, runner) -> dict[str, str]:
+    """What a report says of its run: mode, where, the client, the command, when."""
+    given = argv if argv is not None else sys.argv[1:]
+    return {"mode": args.mode, "where": runner.where, "note": runner.note,
+            "command": "python -m bench " + " ".join(shlex.quote(a) for a in given),
+            "started": datetime.datetime.now().isoformat(timespec="seconds")}
+
+
 def _sweep(args: argparse.Namespace, argv: list[str] | None, plain: list[Scenario], scenarios: list[Scenario],
            systems: list[str], rate_scale: float, duration_scale: float, context: int | None) -> int:
     from tqdm import tqdm
@@ -214,17 +219,13 @@ def _sweep(args: argparse.Namespace, argv: list[str] | None, plain: list[Scenari
     from bench import sweep
 
     runner = _sim_runner(args) if args.mode == "sim" else _live_runner(args)
-    meta = {"mode": args.mode, "where": runner.where, "note": runner.note,
-            "command": "python -m bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
-            "started": datetime.datetime.now().isoformat(timespec="seconds")}
+    meta = _meta(args, argv, runner)
     with tqdm(unit="req", desc=f"{args.mode} sweep", dynamic_ncols=True) as bar:
         try:
-            results = sweep.sweep(args, plain, scenarios, systems, runner, rate_scale, duration_scale, context,
+            results = sweep.sweep(args, meta, plain, scenarios, systems, runner, rate_scale, duration_scale, context,
                                   bar.update)
         finally:
             runner.close()
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "sweep.json").write_text(json.dumps({"meta": meta, "scenarios": results}, indent=1))
     sweep.plots(args.out, results)
     summary = args.out / "sweep.md"
     summary.write_text(sweep.markdown(results, meta))
@@ -261,15 +262,10 @@ def _sim_runner(args: argparse.Namespace) -> _SimRunner:
 
 
 def _live_runner(args: argparse.Namespace):
-    from bench.live import LiveRunner
+    from bench.live import LiveRunner, engine_cores_option
 
-    from bench.live import default_engine_cores
-
-    cores = {"auto": default_engine_cores(), "config": None}.get(args.engine_cores)
-    if args.engine_cores not in ("auto", "config"):
-        cores = [int(core) for core in args.engine_cores.split(",")]
     return LiveRunner(args.config, args.max_in_flight, args.out, args.simulated, args.replicas, args.model,
-                      args.time_scale, args.baseline_config, cores)
+                      args.time_scale, args.baseline_config, engine_cores_option(args.engine_cores))
 
 
 if __name__ == "__main__":

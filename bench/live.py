@@ -146,6 +146,14 @@ class LiveRunner:
         self._system = None
 
 
+def engine_cores_option(value: str) -> list[int] | None:
+    """``--engine-cores``: 'auto' (:func:`default_engine_cores`), 'config' (None: the configs' own binding),
+    or the cores, e.g. '1' or '2,3'."""
+    if value == "auto":
+        return default_engine_cores()
+    return None if value == "config" else [int(core) for core in value.split(",")]
+
+
 def default_engine_cores() -> list[int] | None:
     """On a small host (4 cores or fewer), every engine shares the last core and the rest of the host (Serve's
     proxy, the gateways, Redis, the load client) keeps the others; otherwise the configs' own binding."""

@@ -27,11 +27,10 @@ def capacity_for(args: argparse.Namespace, scenario: Scenario, context: int | No
     elif args.simulated:
         profile, replicas, slowed = args.simulated, args.replicas, 1.0
     else:
-        from bench.live import default_engine_cores
+        from bench.live import engine_cores_option
 
         profile, replicas = LIVE_PROFILES.get(args.model, "gpu-h100-llama3-8b"), LIVE_ENGINES
-        cores = default_engine_cores() if args.engine_cores == "auto" else (
-            None if args.engine_cores == "config" else args.engine_cores.split(","))
+        cores = engine_cores_option(args.engine_cores)
         slowed = replicas / len(cores) if cores else 1.0  # engines sharing their cores step that much slower
     from bench.systems import PROFILES
 
@@ -41,12 +40,13 @@ def capacity_for(args: argparse.Namespace, scenario: Scenario, context: int | No
     return capacity_rps(scenario, profile, replicas, cost, context), how
 
 
-def sweep(args: argparse.Namespace, plain: list[Scenario], run_as: list[Scenario], systems: list[str], runner,
+def sweep(args: argparse.Namespace, meta: dict[str, str], plain: list[Scenario], run_as: list[Scenario], systems: list[str], runner,
           rate_scale: float, duration_scale: float, context: int | None, progress: Callable[[int], None]
           ) -> dict[str, Any]:
-    """Run every system on every scenario at every load; ``plain`` are the scenarios as written (capacity is
-    taken on them), ``run_as`` what runs (dilated for time-scaled replicas, with ``rate_scale`` and
-    ``duration_scale`` already holding the dilation)."""
+    """Run every system on every scenario at every load, writing ``meta`` and the results so far to
+    sweep.json after each run; ``plain`` are the scenarios as written (capacity is taken on them), ``run_as``
+    what runs (dilated for time-scaled replicas, with ``rate_scale`` and ``duration_scale`` already holding the
+    dilation)."""
     loads = [float(x) for x in args.loads.split(",")]
     results: dict[str, Any] = {}
     plan = []
@@ -75,7 +75,7 @@ def sweep(args: argparse.Namespace, plain: list[Scenario], run_as: list[Scenario
             figures["headroom"] = runner.last_headroom
         results[name]["loads"][str(load)]["systems"][system] = figures
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "sweep.json").write_text(json.dumps(results, indent=1))
+        (args.out / "sweep.json").write_text(json.dumps({"meta": meta, "scenarios": results}, indent=1))
     return results
 
 

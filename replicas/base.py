@@ -14,10 +14,10 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from fleet.capacity import CapacityRegistration
-from replicas.call_outcomes import CallOutcomes
 from fleet.signal_reporter import SignalReporter
 from policies.placement import guarded_classes
 from policies.types import EngineSignals, ReplicaCapacity
+from replicas.call_outcomes import CallOutcomes
 from replicas.engine_signals import RequestTracker
 from replicas.spec import ReplicaSpec
 

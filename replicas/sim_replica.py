@@ -78,7 +78,7 @@ class SimReplica(ReplicaBase):
                     while not await tokens.get():
                         pass
                 except asyncio.CancelledError:
-                    self.cut_short(request_id, request.prompt_tokens + request.generated)
+                    self.cut_short(request_id, _usage(request)["total_tokens"])
                     raise
                 yield ReplicaReply(status=200, body=self._completion(endpoint, request)).model_dump()
                 return

@@ -55,3 +55,11 @@ def test_a_time_scaled_fleet_waits_and_ages_on_its_own_clock() -> None:
     queue = {"max_wait_s": 60, "bands": [{"name": "interactive"}, {"name": "batch", "aging_s": 30}]}
     _dilate_queue(queue, 16)
     assert queue["max_wait_s"] == 960 and queue["bands"][1]["aging_s"] == 480 and "aging_s" not in queue["bands"][0]
+
+
+def test_the_engine_cores_option_reads_one_way_for_the_runner_and_the_capacity_model() -> None:
+    from bench.live import default_engine_cores, engine_cores_option
+
+    assert engine_cores_option("auto") == default_engine_cores()
+    assert engine_cores_option("config") is None
+    assert engine_cores_option("2,3") == [2, 3]
