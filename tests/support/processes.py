@@ -1,5 +1,6 @@
-"""Processes of a running `serve run` deployment: find a deployment's replica actors, and kill one the way
-a crash of its machine would. The fault tests and the soak benchmark use them."""
+"""Processes of a running `serve run` deployment: find a deployment's replica actors, kill one the way a
+crash of its machine would, or hold its engines still for a moment. The fault and e2e tests and the soak
+benchmark use them."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import contextlib
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
 
 
 def replica_pids(deployment: str) -> list[int]:
@@ -41,3 +43,26 @@ def kill(pid: int) -> None:
     for child in tree:
         with contextlib.suppress(ProcessLookupError):
             os.kill(child, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def engines_stalled(deployments: list[str]) -> Iterator[None]:
+    """Stop (SIGSTOP) the vLLM engine processes of ``deployments``' replicas, and continue them on exit.
+
+    A stalled engine takes no step, as a busy GPU would for a moment: what a gate lets in waits in the
+    engine, and the rest of a flood waits in the global queue, however fast this host serves. The replica
+    actors themselves keep running, so their signal heartbeats and Serve's health checks go on.
+    """
+    engines = [child for deployment in deployments for pid in replica_pids(deployment) for child in _descendants(pid)]
+    assert engines, f"no engine processes under {deployments}"
+    stopped = []
+    try:
+        for pid in engines:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+        yield
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
