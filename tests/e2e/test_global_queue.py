@@ -2,7 +2,8 @@
 2 gateway replicas, a latency and a throughput vLLM replica, one Redis.
 
 The floods are of fresh ~380-token prompts with few output tokens: work each engine takes steps to start,
-so the gate, not the sequence slots, decides when a replica takes more, and the backlog waits in Redis.
+so the gate, not the sequence slots, decides when a replica takes more, and the backlog waits in Redis. A
+flood is sent while the engines are held still (SIGSTOP), so its backlog forms however fast the host serves.
 
 * a flood from one tenant does not hold another tenant back beyond the fairness bound;
 * a tenant that arrives behind another's deep backlog gets about its share of completions from its arrival;
@@ -18,6 +19,7 @@ import asyncio
 import random
 import statistics
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -60,15 +62,19 @@ def _flood(client: httpx.AsyncClient, key: str, band: str, tag: str, count: int 
     return [asyncio.create_task(_completion(client, key, band, _prompt(rng, f"{tag} {i}"))) for i in range(count)]
 
 
-async def _until_backlog(redis_url: str, flood: list[asyncio.Task], tickets: int, timeout_s: float = 120) -> None:
-    """Wait until ``tickets`` wait in the global queue; fail at once if a flood request failed or all ended."""
-    deadline = time.monotonic() + timeout_s
-    while _queued(await asyncio.to_thread(snapshot, redis_url)) < tickets:
-        for task in (t for t in flood if t.done()):
-            task.result()  # re-raises a flood request's failure (its status and body)
-        assert not all(t.done() for t in flood), f"the whole flood was served before {tickets} of it queued"
-        assert time.monotonic() < deadline, f"fewer than {tickets} tickets queued after {timeout_s} s"
-        await asyncio.sleep(0.05)
+async def _queued_while_stalled(redis_url: str,
+                                *senders: Callable[[], list[asyncio.Task]]) -> list[list[asyncio.Task]]:
+    """Hold the engines still and start each sender's requests in turn, each once all that came before is in
+    the fleet; the engines step again on return. So a flood's backlog waits in the global queue however fast
+    this host serves (on one CI host the engines once served a whole flood as fast as it arrived)."""
+    sent: list[list[asyncio.Task]] = []
+    with engines_stalled(VLLM_DEPLOYMENTS):
+        for send in senders:
+            sent.append(send())
+            state = await _until_all_arrived(redis_url, [t for tasks in sent for t in tasks], sum(map(len, sent)))
+            # the gates let in what the engines can start promptly; the rest of a flood waits in Redis
+            assert _queued(state) >= FLOOD // 2, state
+    return sent
 
 
 def _queued(state: QueueSnapshot) -> int:
@@ -91,8 +97,7 @@ async def _until_all_arrived(redis_url: str, requests: list[asyncio.Task], count
 
 async def _flood_then(base_url: str, redis_url: str, flood_key: str, flood_band: str, late_key: str, late_band: str):
     async with _client(base_url) as client:
-        flood = _flood(client, flood_key, flood_band, "flood")
-        await _until_backlog(redis_url, flood, FLOOD // 4)  # a quarter of the flood waits in the global queue
+        (flood,) = await _queued_while_stalled(redis_url, lambda: _flood(client, flood_key, flood_band, "flood"))
         rng = random.Random("late")
         late = [await _completion(client, late_key, late_band, _prompt(rng, f"late {i}")) for i in range(3)]
         flood_done = await asyncio.gather(*flood)
@@ -131,22 +136,17 @@ def test_a_tenant_arriving_behind_a_backlog_gets_its_share_from_its_arrival(base
     completes is its own, from the start. Without the gate each engine had already taken up to its 32
     slots of the flood, and those would all finish first (the queue decided who, but not when).
 
-    The engines are held still while the flood and the newcomer queue, so the backlog is deep however fast
-    this host serves: on one CI host the engines once served the whole flood as fast as it arrived, and
-    the scenario never happened. The gates still decide what goes into the engines meanwhile."""
+    The engines are held still while the flood queues and then the newcomer's requests arrive, so the
+    backlog is deep however fast this host serves. The gates still decide what enters the engines."""
     before = served_by_tenant(redis_url)
     late_count = 40
 
     async def scenario() -> tuple[list[httpx.Response], list[httpx.Response], float]:
         # a client each, so the newcomer's requests never wait for one of the flood's connections
         async with _client(base_url) as flooder, _client(base_url) as newcomer:
-            with engines_stalled(VLLM_DEPLOYMENTS):
-                flood = _flood(flooder, api_keys["flood"], "standard", "deep")
-                state = await _until_all_arrived(redis_url, flood, FLOOD)
-                # the gates let in what the engines can start promptly; the rest of the flood waits here
-                assert _queued(state) >= FLOOD // 2, state
-                late = _flood(newcomer, api_keys["calm"], "standard", "arrival", late_count)
-                await _until_all_arrived(redis_url, flood + late, FLOOD + late_count)
+            flood, late = await _queued_while_stalled(
+                redis_url, lambda: _flood(flooder, api_keys["flood"], "standard", "deep"),
+                lambda: _flood(newcomer, api_keys["calm"], "standard", "arrival", late_count))
             arrived = time.monotonic()  # the engines step again
             return await asyncio.gather(*flood), await asyncio.gather(*late), arrived
 
@@ -168,8 +168,8 @@ def test_engines_hold_no_more_than_their_gate_while_the_global_queue_holds_the_r
     async def scenario() -> list:
         seen = []
         async with _client(base_url) as client:
-            flood = _flood(client, api_keys["flood"], "batch", "gate")
-            await _until_backlog(redis_url, flood, FLOOD // 4)
+            (flood,) = await _queued_while_stalled(redis_url,
+                                                   lambda: _flood(client, api_keys["flood"], "batch", "gate"))
             while not all(t.done() for t in flood):
                 state = await asyncio.to_thread(snapshot, redis_url)
                 if state.band("batch").queued > 0:
