@@ -11,23 +11,30 @@ from typing import Any
 
 from ray.serve import Application
 
+from replicas.engine_dtype import cpu_flags, engine_dtype
+
 
 def ray_serve_llm_app(args: dict[str, Any]) -> Application:
     """An OpenAI app of ``args['replicas']`` LLMServer replicas of the model at ``args['model_path']``.
 
     ``engine_kwargs`` go to vLLM unchanged (the baseline passes only what the CPU needs: a KV cache size,
     eager mode for start-up time, the context; the priority baseline adds ``scheduling_policy: priority``).
-    On a machine without GPUs the replicas get CPU placement bundles.
+    On a machine without GPUs the replicas get CPU placement bundles, and the dtype the gateway's own CPU
+    replicas take (replicas/engine_dtype.py: float32 where the CPU has no native bf16).
     """
     from ray.serve.llm import LLMConfig, build_openai_app
 
     model_path = os.path.abspath(args["model_path"])
     cpus = float(args.get("num_cpus", 0.5))
+    placement = args.get("placement_group_config") or {"bundles": [{"CPU": cpus}]}
+    engine_kwargs = dict(args.get("engine_kwargs") or {})
+    on_cpu = not any(bundle.get("GPU") for bundle in placement["bundles"])
+    engine_kwargs["dtype"] = engine_dtype(engine_kwargs.get("dtype", "auto"), on_cpu, cpu_flags())
     config = LLMConfig(
         model_loading_config={"model_id": args["model_name"], "model_source": model_path},
         deployment_config={"num_replicas": int(args.get("replicas", 2))},
-        engine_kwargs=dict(args.get("engine_kwargs") or {}),
-        placement_group_config=args.get("placement_group_config") or {"bundles": [{"CPU": cpus}]},
+        engine_kwargs=engine_kwargs,
+        placement_group_config=placement,
         runtime_env={"env_vars": {k: str(v) for k, v in (args.get("env") or {}).items()}},
     )
     ingress = {"ray_actor_options": {"num_cpus": float(args.get("ingress_num_cpus", 0.1))}}

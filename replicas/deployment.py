@@ -16,6 +16,7 @@ from typing import Any
 from policies.types import EngineSignals
 from replicas.base import Endpoint, ReplicaBase, ReplicaReply
 from replicas.cpu_binding import CpuBinding
+from replicas.engine_dtype import cpu_flags, engine_dtype
 from replicas.engine_signals import vllm_signals, vllm_step_hook
 from replicas.engine_settings import EngineSettings
 from replicas.spec import ReplicaSpec
@@ -172,12 +173,16 @@ async def _start_engine(settings: EngineSettings, model_path: str, served_model_
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.platforms import current_platform
     from vllm.usage.usage_lib import UsageContext
     from vllm.utils.argparse_utils import FlexibleArgumentParser
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    dtype = engine_dtype(settings.dtype, current_platform.is_cpu(), cpu_flags())
+    if dtype != settings.dtype:
+        logger.info("engine dtype %s: this CPU has no native bf16 (replicas/engine_dtype.py)", dtype)
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(
-        settings.to_cli_args(model_path, served_model_name)
+        settings.model_copy(update={"dtype": dtype}).to_cli_args(model_path, served_model_name)
     )
     engine_args = AsyncEngineArgs.from_cli_args(args)
     vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
