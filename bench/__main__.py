@@ -14,12 +14,17 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
+from bench import sweep
+from bench.capacity import rate_scale_for
+from bench.host_calibration import host_cost_model
 from bench.metrics import RequestRecord, summarise
+from bench.sweep import LIVE_PROFILES
 from bench.systems import SYSTEMS
 from bench.workload import PlannedRequest, Scenario, generate
 
@@ -35,7 +40,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         p = sub.add_parser(mode)
         p.add_argument("--scenarios", nargs="+", default=sorted(str(s) for s in SCENARIOS.glob("*.yaml")))
         p.add_argument("--systems", default=",".join(SYSTEMS))
-        p.add_argument("--rate-scale", type=float, default=1.0, help="multiply every arrival rate")
+        p.add_argument("--rate-scale", type=float, default=None,
+                       help="multiply every arrival rate (live, by default: each scenario at its `offered_load` times the "
+                            "fleet's capacity on this host)")
         p.add_argument("--duration-scale", type=float, default=1.0, help="stretch every scenario")
         p.add_argument("--out", type=Path, default=Path(f"bench/results/{mode}"))
         p.add_argument("--no-references", action="store_true", help="skip the runs without the named tenants")
@@ -162,15 +169,18 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS}")
     scenarios = plain = [Scenario.load(path) for path in args.scenarios]
     context = getattr(args, "context_tokens", None)
-    rate_scale, duration_scale = args.rate_scale, args.duration_scale
+    rate_scale, duration_scale = args.rate_scale or 1.0, args.duration_scale
     if args.mode == "live" and args.simulated:
         context = 16384  # the production context the profile's pools are sized for
         # engines S times slower: the same requests, arriving S times less often, over S times as long
         rate_scale, duration_scale = rate_scale / args.time_scale, duration_scale * args.time_scale
         scenarios = [s.dilated(args.time_scale) for s in scenarios]
+    if args.mode == "live" and not args.simulated and args.model in LIVE_PROFILES:
+        args.host_cost = host_cost_model(args.model, _calibration_core(args))  # before the runner takes cores
     if args.loads:
         return _sweep(args, argv, plain, scenarios, systems, rate_scale, duration_scale, context)
-    workloads = {s.name: generate(s, rate_scale, duration_scale, context) for s in scenarios}
+    offered = {s.name: _offered(args, p, rate_scale, context) for s, p in zip(scenarios, plain)}
+    workloads = {s.name: generate(s, offered[s.name]["rate_scale"], duration_scale, context) for s in scenarios}
     plan = [(s, label, system, without) for s in scenarios
             for label, system, without in _runs(s, systems, not args.no_references)]
     if args.mode == "live":  # one deployment per system: run all its scenarios before switching
@@ -187,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                 got = runner.run(system, scenario, workload, bar.update)
                 entry = results["scenarios"].setdefault(scenario.name, {
                     "description": scenario.description, "requests": len(workloads[scenario.name]),
-                    "duration_s": scenario.duration_s * duration_scale, "systems": {}})
+                    "duration_s": scenario.duration_s * duration_scale, **offered[scenario.name], "systems": {}})
                 entry["systems"][label] = summarise(got, scenario.slo, scenario.fairness_window_s)
                 if getattr(runner, "last_headroom", None) is not None:
                     entry["systems"][label]["headroom"] = runner.last_headroom
@@ -204,6 +214,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _calibration_core(args: argparse.Namespace) -> int:
+    """The core the engines will run on (where their step times are measured)."""
+    from bench.live import engine_cores_option
+
+    cores = engine_cores_option(args.engine_cores)
+    return cores[0] if cores else max(os.sched_getaffinity(0))
+
+
+def _offered(args: argparse.Namespace, scenario: Scenario, rate_scale: float, context: int | None) -> dict[str, Any]:
+    """The rate scale a scenario runs at: ``rate_scale`` as given, or (live, none given, a scenario with a
+    ``offered_load``) the one that offers that many times the fleet's modelled capacity for its mix."""
+    if args.rate_scale is not None or args.mode != "live" or scenario.offered_load is None:
+        return {"rate_scale": rate_scale}
+    capacity, how = sweep.capacity_for(args, scenario, context)
+    return {"rate_scale": round(rate_scale * rate_scale_for(scenario.offered_load, scenario, capacity, context), 4),
+            "load": scenario.offered_load, "capacity_rps": round(capacity, 3), "capacity_model": how}
+
+
 def _meta(args: argparse.Namespace, argv: list[str] | None, runner) -> dict[str, str]:
     """What a report says of its run: mode, where, the client, the command, when."""
     given = argv if argv is not None else sys.argv[1:]
@@ -215,8 +243,6 @@ def _meta(args: argparse.Namespace, argv: list[str] | None, runner) -> dict[str,
 def _sweep(args: argparse.Namespace, argv: list[str] | None, plain: list[Scenario], scenarios: list[Scenario],
            systems: list[str], rate_scale: float, duration_scale: float, context: int | None) -> int:
     from tqdm import tqdm
-
-    from bench import sweep
 
     runner = _sim_runner(args) if args.mode == "sim" else _live_runner(args)
     meta = _meta(args, argv, runner)

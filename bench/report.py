@@ -38,7 +38,7 @@ def markdown(results: dict[str, Any]) -> str:
              f"Command: `{meta['command']}`", "", f"Started {meta['started']}; {meta['note']}", ""]
     for name, scenario in results["scenarios"].items():
         lines += [f"## {name}", "", scenario["description"].strip(), "",
-                  f"{scenario['requests']} requests over {scenario['duration_s']:.0f} s.", ""]
+                  f"{scenario['requests']} requests over {scenario['duration_s']:.0f} s" + _offered(scenario) + ".", ""]
         headers = ["system"] + [c[0] for c in COLUMNS] + ["rejected", "Jain min (fair shares)",
                                                          "least fair share", "Jain min (plain)"]
         lines += ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
@@ -170,6 +170,14 @@ def _save(fig, path: Path) -> Path:
 
     plt.close(fig)
     return path
+
+
+def _offered(scenario: dict) -> str:
+    """How the scenario's load was set, where it was set from the fleet's capacity."""
+    if "load" not in scenario:
+        return ""
+    return (f": {scenario['load']:g}x the fleet's capacity of {scenario['capacity_rps']:.3g} req/s for this mix "
+            f"({scenario['capacity_model']}), rate scale {scenario['rate_scale']:g}")
 
 
 def write(out_dir: Path, results: dict[str, Any], records: dict[str, dict[str, list[RequestRecord]]]) -> Path:

@@ -34,8 +34,10 @@ def capacity_for(args: argparse.Namespace, scenario: Scenario, context: int | No
         slowed = replicas / len(cores) if cores else 1.0  # engines sharing their cores step that much slower
     from bench.systems import PROFILES
 
-    cost = COST_MODELS[PROFILES[profile].cost_model].slowed(slowed)
-    how = f"DES, baseline on {replicas} replicas of profile {profile}" + (
+    host = getattr(args, "host_cost", None)  # live, a local model: its steps measured on this host
+    cost = (host or COST_MODELS[PROFILES[profile].cost_model]).slowed(slowed)
+    how = f"DES, baseline on {replicas} replicas of " + (f"the {args.model} model as calibrated on this host" if host
+                                                          else f"profile {profile}") + (
         f", steps {slowed:g}x slower (engines sharing cores)" if slowed != 1 else "")
     return capacity_rps(scenario, profile, replicas, cost, context), how
 

@@ -106,6 +106,9 @@ class Scenario(BaseModel):
     fairness_window_s: float = Field(5.0, gt=0, description="Window for Jain's index over weighted service.")
     reference_without: list[str] = Field(
         default_factory=list, description="Tenants left out of the reference runs (the same load without them).")
+    offered_load: float | None = Field(
+        None, gt=0, description="Offered load as a multiple of the fleet's capacity for this mix: a live run "
+                                "scales the rates to it on any host (bench/capacity.py), unless --rate-scale is given.")
 
     @model_validator(mode="after")
     def _unique_tenants(self) -> "Scenario":
