@@ -30,6 +30,7 @@ from bench.workload import PlannedRequest, Scenario, generate
 
 SCENARIOS = Path(__file__).parent / "scenarios"
 REFERENCE_SYSTEMS = ("baseline", "gateway")
+BENCH_MODEL_CONTEXT = 1024  # live runs of the bench model: prompts are fractions of this
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -65,7 +66,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
                            "model folder (bench/gpu.sh)")
     live.add_argument("--baseline-config", type=Path, default=Path("bench/deploy/ray-serve-llm.yaml"),
                       help="the Ray Serve LLM baselines' config (bench/deploy/ray-serve-llm-gpu.yaml on GPUs)")
-    live.add_argument("--context-tokens", type=int, default=None, help="model context (default: the scenario's)")
+    live.add_argument("--context-tokens", type=int, default=None,
+                      help=f"model context (default: the scenario's; {BENCH_MODEL_CONTEXT} for the bench model, whose "
+                           "prefill is slow enough that a 30 s scenario at 4096 holds too few requests for a P99)")
     live.add_argument("--engine-cores", default="auto",
                       help="cores every system's vLLM engine processes are confined to, everything else to the "
                            "others, e.g. '1' ('auto': on a host of 4 cores or fewer, the last one, else the "
@@ -169,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS}")
     scenarios = plain = [Scenario.load(path) for path in args.scenarios]
     context = getattr(args, "context_tokens", None)
+    if args.mode == "live" and context is None and args.model == "bench" and not args.simulated:
+        context = BENCH_MODEL_CONTEXT
     rate_scale, duration_scale = args.rate_scale or 1.0, args.duration_scale
     if args.mode == "live" and args.simulated:
         context = 16384  # the production context the profile's pools are sized for
