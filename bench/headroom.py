@@ -10,8 +10,8 @@ the host, not the system under test, and is flagged.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
-import threading
 import time
 from pathlib import Path
 
@@ -21,7 +21,7 @@ _TICK = os.sysconf("SC_CLK_TCK")
 
 def _process_times(is_engine, known: dict[int, bool]) -> tuple[float, float]:
     """CPU seconds so far of (engine processes, every other process). ``known`` remembers which processes
-    are engines, so each sample reads one small file per process (the sampler shares the client's GIL)."""
+    are engines, so each sample reads one small file per process."""
     engine = other = 0.0
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -49,6 +49,20 @@ def _idle_seconds() -> float:
     return (int(fields[3]) + int(fields[4])) / _TICK  # idle + iowait, over all cores
 
 
+def _sample(is_engine, period_s: float, stop, results) -> None:
+    """The sampler process: every ``period_s`` until ``stop``, the cores used since the last sample by the
+    engines and by the rest, and the idle cores; sends the list of them to ``results`` at the end."""
+    samples: list[tuple[float, ...]] = []
+    known: dict[int, bool] = {}
+    last = (time.monotonic(), *_process_times(is_engine, known), _idle_seconds())
+    while not stop.wait(period_s):
+        now = (time.monotonic(), *_process_times(is_engine, known), _idle_seconds())
+        elapsed = now[0] - last[0]
+        samples.append(tuple(max(0.0, (b - a) / elapsed) for a, b in zip(last[1:], now[1:])))
+        last = now
+    results.send(samples)
+
+
 def real_engine(comm: str, cmdline: str) -> bool:
     """vLLM's engine-core process (it steps the model)."""
     return comm.startswith("VLLM::")
@@ -60,30 +74,26 @@ def simulated_engine(comm: str, cmdline: str) -> bool:
 
 
 class CpuSampler:
-    """Samples CPU use by engines and by everything else in a background thread, from start to stop."""
+    """Samples CPU use by engines and by everything else, from start to stop, in a process of its own: a
+    sampling thread in the load client's process would take the client's GIL for the milliseconds each pass
+    over /proc takes, and the client's loop would lag for it."""
 
     def __init__(self, is_engine=real_engine, period_s: float = 0.5) -> None:
-        self._is_engine, self._period_s = is_engine, period_s
+        context = multiprocessing.get_context("fork")
+        self._stop = context.Event()
+        self._results, sender = context.Pipe(duplex=False)
+        self._process = context.Process(target=_sample, args=(is_engine, period_s, self._stop, sender), daemon=True)
         self._samples: list[tuple[float, float, float]] = []  # (engine cores, other cores, idle cores)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> "CpuSampler":
-        self._thread.start()
+        self._process.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        known: dict[int, bool] = {}
-        last = (time.monotonic(), *_process_times(self._is_engine, known), _idle_seconds())
-        while not self._stop.wait(self._period_s):
-            now = (time.monotonic(), *_process_times(self._is_engine, known), _idle_seconds())
-            elapsed = now[0] - last[0]
-            self._samples.append(tuple(max(0.0, (b - a) / elapsed) for a, b in zip(last[1:], now[1:])))
-            last = now
+        if self._results.poll(30):  # a sampler that died leaves the record empty, never the run hanging
+            self._samples = self._results.recv()
+        self._process.join(5)
 
     def summary(self) -> dict[str, float]:
         """Mean cores used by the engines and by the rest, and the mean and least idle cores."""
