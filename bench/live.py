@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.client import drive
-from bench.cores import ahead_of_the_host, confine_processes, confine_threads, host_cores
+from bench.cores import ahead_of_the_host, autogroups_off, confine_processes, confine_threads, host_cores
 from bench.headroom import (
     CpuSampler, histogram_p99, real_engine, scrape_lag_histogram, simulated_engine, verdict,
 )
@@ -77,14 +77,16 @@ class LiveRunner:
         client_lags: list[float] = []
         behind_gateway = self._simulated is not None or not system.startswith("baseline")
         gateway_before = _gateway_lags(self._base_url, behind_gateway)
-        with CpuSampler(simulated_engine if self._simulated else real_engine) as cpu, ahead_of_the_host() as ahead:
+        with (CpuSampler(simulated_engine if self._simulated else real_engine) as cpu, ahead_of_the_host() as ahead,
+              autogroups_off() as ungrouped):
             records = asyncio.run(drive(self._base_url, self.model_name, workload, self._vocab, _shaper(system),
                                         progress, self._max_in_flight, loop_lags=client_lags))
         client_p99 = percentile(client_lags, 99)
         gateway_p99 = histogram_p99(gateway_before, _gateway_lags(self._base_url, behind_gateway))
         self.last_headroom = {**cpu.summary(), "client_loop_lag_p99_ms": _ms(client_p99),
                               "gateway_loop_lag_p99_ms": _ms(gateway_p99),
-                              "host_starved": verdict(client_p99, gateway_p99), "client_niced": ahead}
+                              "host_starved": verdict(client_p99, gateway_p99), "client_niced": ahead,
+                              "autogroups_off": ungrouped}
         return records
 
     def start(self, system: str) -> None:

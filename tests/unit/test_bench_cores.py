@@ -55,3 +55,19 @@ def test_the_session_runs_ahead_too_where_the_kernel_groups_sessions() -> None:
         if allowed and before is not None:
             assert _autogroup_nice(autogroup) == -5
     assert _autogroup_nice(autogroup) == before
+
+
+def test_autogroups_are_off_while_the_client_drives_and_back_after(tmp_path) -> None:
+    from bench.cores import autogroups_off
+
+    sysctl = tmp_path / "sched_autogroup_enabled"
+    sysctl.write_text("1\n")
+    with autogroups_off(sysctl) as off:
+        assert off and sysctl.read_text() == "0"
+    assert sysctl.read_text().strip() == "1"
+    sysctl.write_text("0")
+    with autogroups_off(sysctl) as off:  # already off: left off
+        assert off
+    assert sysctl.read_text() == "0"
+    with autogroups_off(tmp_path / "missing") as off:  # no such setting (or not permitted): a plain run
+        assert not off
