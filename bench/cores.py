@@ -88,12 +88,14 @@ AUTOGROUP_SYSCTL = Path("/proc/sys/kernel/sched_autogroup_enabled")
 @contextlib.contextmanager
 def autogroups_off(sysctl: Path = AUTOGROUP_SYSCTL) -> Iterator[bool]:
     """Turn the kernel's autogroup scheduling off meanwhile, so that nice values order threads across
-    sessions; yields whether it is off (False where it cannot be changed), and puts it back afterwards.
+    sessions; yields whether it is off (False where it cannot be changed), and puts it back afterwards. A
+    process stays in the group it was started in, so this must come before the deployment starts.
 
     Renicing this session's autogroup (:func:`ahead_of_the_host`) was not enough on a 6.18 kernel (EEVDF): in
     the burst scenario the client's main thread, at nice -10 in a group at nice -10, still waited 100-290 ms
     at a time on its core's run queue behind Ray's session while that core was a third idle, and its loop
-    lagged 103-150 ms at P99. With autogroups off it lagged 2.2 ms (same scenario and system, one run each).
+    lagged 103-150 ms at P99. With autogroups off from before Ray started, 2.2 ms (same scenario and system,
+    one run each); turned off only while the client drove, 132 ms.
     """
     try:
         before = sysctl.read_text().strip()

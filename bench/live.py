@@ -65,6 +65,7 @@ class LiveRunner:
         self._stack = contextlib.ExitStack()
         self._base_url = ""
         self.last_headroom: dict | None = None  # the last run's host headroom (bench/headroom.py)
+        self._ungrouped = False  # the kernel's autogroups are off while a deployment runs (bench/cores.py)
         from transformers import AutoTokenizer
 
         self._vocab = len(AutoTokenizer.from_pretrained(self.model_path))  # prompts are random ids below it
@@ -77,8 +78,7 @@ class LiveRunner:
         client_lags: list[float] = []
         behind_gateway = self._simulated is not None or not system.startswith("baseline")
         gateway_before = _gateway_lags(self._base_url, behind_gateway)
-        with (CpuSampler(simulated_engine if self._simulated else real_engine) as cpu, ahead_of_the_host() as ahead,
-              autogroups_off() as ungrouped):
+        with CpuSampler(simulated_engine if self._simulated else real_engine) as cpu, ahead_of_the_host() as ahead:
             records = asyncio.run(drive(self._base_url, self.model_name, workload, self._vocab, _shaper(system),
                                         progress, self._max_in_flight, loop_lags=client_lags))
         client_p99 = percentile(client_lags, 99)
@@ -86,12 +86,14 @@ class LiveRunner:
         self.last_headroom = {**cpu.summary(), "client_loop_lag_p99_ms": _ms(client_p99),
                               "gateway_loop_lag_p99_ms": _ms(gateway_p99),
                               "host_starved": verdict(client_p99, gateway_p99), "client_niced": ahead,
-                              "autogroups_off": ungrouped}
+                              "autogroups_off": self._ungrouped}
         return records
 
     def start(self, system: str) -> None:
         """Bring ``system`` up (stopping the one running), warmed and ready."""
         self.close()
+        # off before Ray starts: a process stays in the group it was started in when the setting changes
+        self._ungrouped = self._stack.enter_context(autogroups_off())
         if self._host_cores:  # what this process starts (serve run, Ray, Redis) inherits its cores
             confine_threads(os.getpid(), self._host_cores)
         engines_before = _vllm_orphans()
