@@ -180,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         # engines S times slower: the same requests, arriving S times less often, over S times as long
         rate_scale, duration_scale = rate_scale / args.time_scale, duration_scale * args.time_scale
         scenarios = [s.dilated(args.time_scale) for s in scenarios]
-    if args.mode == "live" and not args.simulated and args.model in LIVE_PROFILES:
+    capacity_needed = args.loads or (args.rate_scale is None and any(s.offered_load for s in plain))
+    if args.mode == "live" and not args.simulated and args.model in LIVE_PROFILES and capacity_needed:
         args.host_cost = host_cost_model(args.model, _calibration_core(args))  # before the runner takes cores
     if args.loads:
         return _sweep(args, argv, plain, scenarios, systems, rate_scale, duration_scale, context)
