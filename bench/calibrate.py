@@ -42,8 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(model=args.model, dtype=engine_dtype("auto", True, cpu_flags()), enforce_eager=True, max_num_batched_tokens=2048, max_num_seqs=64,
-              max_model_len=4096, enable_prefix_caching=False, kv_cache_memory_bytes=1 << 30)
+    llm = LLM(model=args.model, dtype=engine_dtype("auto", True, cpu_flags()), enforce_eager=True,
+              max_num_batched_tokens=2048, max_num_seqs=64, max_model_len=4096, enable_prefix_caching=False, kv_cache_memory_bytes=1 << 30)
     vocab = llm.get_tokenizer().vocab_size
     rng = random.Random(0)
 

@@ -16,7 +16,7 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from replicas.engine_dtype import cpu_flags
+from replicas.engine_dtype import cpu_flags, cpuinfo_field
 from replicas.sim_engine import StepCostModel
 
 CACHE = Path(".cache/calibration")
@@ -24,14 +24,7 @@ CACHE = Path(".cache/calibration")
 
 def cpu_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """The CPU's model name, or "unknown"."""
-    try:
-        for line in cpuinfo.read_text().splitlines():
-            name, _, value = line.partition(":")
-            if name.strip() == "model name":
-                return value.strip()
-    except OSError:
-        pass
-    return "unknown"
+    return cpuinfo_field(("model name",), cpuinfo) or "unknown"
 
 
 def _version(*distributions: str) -> str:
