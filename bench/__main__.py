@@ -1,4 +1,4 @@
-"""``python -m bench``: run the scenarios against the four systems and write the report.
+"""``python -m bench``: run the scenarios against the systems (bench/systems.py) and write the report.
 
     python -m bench sim  [--profile cpu-tiny|gpu-h100-llama3-8b] [--replicas N] [--rate-scale X] ...
     python -m bench live [--systems baseline,...] ...        (real vLLM behind `serve run`, this machine)
@@ -25,7 +25,7 @@ from bench.capacity import rate_scale_for
 from bench.host_calibration import host_cost_model
 from bench.metrics import RequestRecord, summarise
 from bench.sweep import LIVE_PROFILES
-from bench.systems import SYSTEMS
+from bench.systems import SYSTEMS, systems_for
 from bench.workload import PlannedRequest, Scenario, generate
 
 SCENARIOS = Path(__file__).parent / "scenarios"
@@ -81,8 +81,10 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _runs(scenario: Scenario, systems: list[str], references: bool) -> list[tuple[str, str, list[str]]]:
+def _runs(scenario: Scenario, systems: list[str], references: bool, real_engines: bool
+          ) -> list[tuple[str, str, list[str]]]:
     """(label, system, tenants left out) for one scenario."""
+    systems = systems_for(scenario.shares_prefixes, systems, real_engines)
     runs = [(system, system, []) for system in systems]
     if references and scenario.reference_without:
         without = scenario.reference_without
@@ -138,6 +140,12 @@ def ratios(results: dict[str, Any]) -> list[str]:
     ours = _tenants_p99(results, "burst", "gateway", ("steady-a", "steady-b"))
     if base and ours:
         lines.append(f"burst: steady tenants' P99 TTFT gateway / baseline = {ours / base:.2f}")
+    for system in SYSTEMS:  # where prompts share prefixes: what each router's placement makes of the cache
+        p50, p99 = (figure("shared-prefixes", system, "interactive", key) for key in ("ttft_p50_s", "ttft_p99_s"))
+        docs = figure("shared-prefixes", system, "standard", "ttft_p99_s")
+        if p50 is not None and p99 is not None and docs is not None:
+            lines.append(f"shared-prefixes, {system}: interactive TTFT P50 {p50:.3f} s, P99 {p99:.3f} s; "
+                         f"standard P99 {docs:.3f} s")
     base, ours = (figure("steady", "baseline", "interactive", "ttft_p50_s"),
                   figure("steady", "gateway", "interactive", "ttft_p50_s"))
     if base is not None and ours is not None:
@@ -187,8 +195,12 @@ def main(argv: list[str] | None = None) -> int:
         return _sweep(args, argv, plain, scenarios, systems, rate_scale, duration_scale, context)
     offered = {s.name: _offered(args, p, rate_scale, context) for s, p in zip(scenarios, plain)}
     workloads = {s.name: generate(s, offered[s.name]["rate_scale"], duration_scale, context) for s in scenarios}
+    real_engines = _real_engines(args)
+    skipped = [s.name for s in scenarios if not _runs(s, systems, False, real_engines)]
+    if skipped:
+        print(f"skipped (their tenants share prefixes, and no prefix cache is simulated): {', '.join(skipped)}")
     plan = [(s, label, system, without) for s in scenarios
-            for label, system, without in _runs(s, systems, not args.no_references)]
+            for label, system, without in _runs(s, systems, not args.no_references, real_engines)]
     if args.mode == "live":  # one deployment per system: run all its scenarios before switching
         plan.sort(key=lambda run: SYSTEMS.index(run[2]))
     total = sum(len([r for r in workloads[s.name] if r.tenant not in without]) for s, _, _, without in plan)
@@ -218,6 +230,11 @@ def main(argv: list[str] | None = None) -> int:
     print(summary.read_text())
     print(f"report: {summary}")
     return 0
+
+
+def _real_engines(args: argparse.Namespace) -> bool:
+    """Whether the systems run real vLLM engines (with their prefix caches), not simulated ones."""
+    return args.mode == "live" and not args.simulated
 
 
 def _calibration_core(args: argparse.Namespace) -> int:

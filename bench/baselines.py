@@ -1,5 +1,5 @@
-"""Baseline (a)/(b): Ray Serve LLM (``ray.serve.llm.build_openai_app``) with its default router and vLLM's
-defaults, as a user would deploy it; ``import_path: bench.baselines:ray_serve_llm_app`` in
+"""The baselines: Ray Serve LLM (``ray.serve.llm.build_openai_app``) with its default router and vLLM's
+defaults, as a user would deploy it, or with its prefix-aware router; ``import_path: bench.baselines:ray_serve_llm_app`` in
 bench/deploy/ray-serve-llm.yaml. Needs ``ray[serve]`` plus pyarrow, pandas, jsonref and hf_transfer (the
 ``bench`` extra), never the ``ray[llm]`` extra (it pins the CUDA vLLM).
 """
@@ -19,6 +19,9 @@ def ray_serve_llm_app(args: dict[str, Any]) -> Application:
 
     ``engine_kwargs`` go to vLLM unchanged (the baseline passes only what the CPU needs: a KV cache size,
     eager mode for start-up time, the context; the priority baseline adds ``scheduling_policy: priority``).
+    ``request_router: prefix-aware`` replaces Serve's default router with Ray Serve LLM's
+    ``PrefixCacheAffinityRouter`` (its defaults), which sends a prompt where its text's prefix was sent before
+    while the replicas' queues are balanced.
     On a machine without GPUs the replicas get CPU placement bundles, and the dtype the gateway's own CPU
     replicas take (replicas/engine_dtype.py: float32 where the CPU has no native bf16).
     """
@@ -30,9 +33,17 @@ def ray_serve_llm_app(args: dict[str, Any]) -> Application:
     engine_kwargs = dict(args.get("engine_kwargs") or {})
     on_cpu = not any(bundle.get("GPU") for bundle in placement["bundles"])
     engine_kwargs["dtype"] = engine_dtype(engine_kwargs.get("dtype", "auto"), on_cpu, cpu_flags())
+    deployment: dict[str, Any] = {"num_replicas": int(args.get("replicas", 2))}
+    router = args.get("request_router", "default")
+    if router == "prefix-aware":
+        from ray.serve.llm.request_router import PrefixCacheAffinityRouter
+
+        deployment["request_router_config"] = {"request_router_class": PrefixCacheAffinityRouter}
+    elif router != "default":
+        raise ValueError(f"request_router: {router!r} is neither 'default' nor 'prefix-aware'")
     config = LLMConfig(
         model_loading_config={"model_id": args["model_name"], "model_source": model_path},
-        deployment_config={"num_replicas": int(args.get("replicas", 2))},
+        deployment_config=deployment,
         engine_kwargs=engine_kwargs,
         placement_group_config=placement,
         runtime_env={"env_vars": {k: str(v) for k, v in (args.get("env") or {}).items()}},

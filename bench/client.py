@@ -2,8 +2,9 @@
 
 Each planned request is sent at its planned time (not when an earlier one returns), streamed with
 ``stream: true``, and the arrival time of every SSE chunk that carries output is recorded; the first is the
-TTFT, the gaps between them the inter-token latency. Prompts are fresh random token ids of the planned
-length (no prefix-cache hits), ``max_tokens`` the planned output with ``ignore_eos``.
+TTFT, the gaps between them the inter-token latency. Prompts are exactly the planned length (bench/prompts.py:
+fresh random token ids, or text where tenants share prefixes), ``max_tokens`` the planned output with
+``ignore_eos``.
 """
 
 from __future__ import annotations
@@ -16,20 +17,21 @@ from collections.abc import Callable
 import aiohttp
 
 from bench.metrics import RequestRecord
+from bench.prompts import Prompts
 from bench.workload import PlannedRequest
 from fleet.loop_lag import LoopLagMonitor
 
 Shaper = Callable[[PlannedRequest], tuple[dict, dict]]
 
 
-async def drive(base_url: str, model: str, workload: list[PlannedRequest], vocab: int, shape: Shaper,
+async def drive(base_url: str, model: str, workload: list[PlannedRequest], prompts: Prompts, shape: Shaper,
                 progress: Callable[[int], None], max_in_flight: int = 512,
                 timeout_s: float = 900, loop_lags: list[float] | None = None) -> list[RequestRecord]:
     """Send ``workload`` to ``base_url``/v1/completions; one record per request, in workload order. With
     ``loop_lags``, this client's own event-loop lag is sampled into it meanwhile (a late client measures
     itself, not the server)."""
     rng = random.Random(hash((base_url, len(workload))))
-    prompts = {r.request_id: [rng.randrange(16, vocab) for _ in range(r.prompt_tokens)] for r in workload}
+    texts = prompts.for_workload(workload, rng)
     connector = aiohttp.TCPConnector(limit=max_in_flight)
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(base_url, connector=connector, timeout=timeout) as session:
@@ -41,7 +43,7 @@ async def drive(base_url: str, model: str, workload: list[PlannedRequest], vocab
             record = RequestRecord.planned(request)
             record.send_s = loop.time() - start
             extra_body, headers = shape(request)
-            body = {"model": model, "prompt": prompts.pop(request.request_id), "max_tokens": request.output_tokens,
+            body = {"model": model, "prompt": texts.pop(request.request_id), "max_tokens": request.output_tokens,
                     "ignore_eos": True, "stream": True, "temperature": 0, **extra_body}
             try:
                 await _stream(session, body, headers, record, lambda: loop.time() - start)

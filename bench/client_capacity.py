@@ -19,6 +19,7 @@ import time
 
 from bench.client import drive
 from bench.metrics import percentile
+from bench.prompts import Prompts
 from bench.workload import PlannedRequest
 
 
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     workload = [PlannedRequest(request_id=str(i), tenant="t", weight=1, band="standard", send_s=i / args.rate,
                                prompt_tokens=args.prompt_tokens, output_tokens=args.tokens) for i in range(count)]
     started = time.perf_counter()
-    records = asyncio.run(drive(f"http://127.0.0.1:{port}", "stub", workload, 1000, lambda r: ({}, {}),
+    records = asyncio.run(drive(f"http://127.0.0.1:{port}", "stub", workload, Prompts(1000), lambda r: ({}, {}),
                                 lambda _: None, max_in_flight=4096))
     elapsed = time.perf_counter() - started
     server.terminate()

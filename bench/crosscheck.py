@@ -29,7 +29,7 @@ def _ours(runner: LiveRunner, system: str, rate: float, prompts: int, input_len:
         now += rng.expovariate(rate)
         workload.append(PlannedRequest(request_id=f"x{index}", tenant="cross", weight=1.0, band="standard",
                                        send_s=now, prompt_tokens=input_len, output_tokens=output_len))
-    records = asyncio.run(drive(runner.base_url, runner.model_name, workload, runner.vocab, _shaper(system),
+    records = asyncio.run(drive(runner.base_url, runner.model_name, workload, runner.prompts, _shaper(system),
                                 lambda _: None))
     served = [r for r in records if r.ok]
     ttft = [r.ttft_s * 1000 for r in served]

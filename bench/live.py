@@ -1,13 +1,14 @@
 """``python -m bench live``: the four systems as real `serve run` deployments on this machine, driven by an
 open-loop streaming client.
 
-* baseline / baseline-priority: Ray Serve LLM (bench/deploy/ray-serve-llm.yaml), the latter with vLLM's
-  priority scheduling and each request's band sent as its body ``priority``;
+* baseline / baseline-priority / baseline-prefix: Ray Serve LLM (bench/deploy/ray-serve-llm.yaml); the second
+  with vLLM's priority scheduling and each request's band sent as its body ``priority``, the third with Ray
+  Serve LLM's prefix-aware router (scenarios whose tenants share prefixes);
 * no-queue / gateway: deploy/local.yaml (the gateway's two pools), without and with the global queue;
   tenants and bands travel as ``x-tenant-id`` and ``x-priority`` (local anonymous mode, no tenants file).
 
 The client (bench/client.py) sends every request at its planned time whatever the server's state, streams
-it and records the arrival time of every chunk. Prompts are fresh random token ids of the planned length.
+it and records the arrival time of every chunk. Prompts are the planned length (bench/prompts.py).
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from bench.headroom import (
 )
 from bench.metrics import RequestRecord, percentile
 from bench.models import resolve
+from bench.prompts import Prompts
 from tests.support.serve_launcher import REPO_ROOT, serve_run
-from bench.systems import BAND_PRIORITY
+from bench.systems import BAND_PRIORITY, PREFIX_AWARE
 from bench.workload import PlannedRequest, Scenario
 
 
@@ -66,9 +68,7 @@ class LiveRunner:
         self._base_url = ""
         self.last_headroom: dict | None = None  # the last run's host headroom (bench/headroom.py)
         self._ungrouped = False  # the kernel's autogroups are off while a deployment runs (bench/cores.py)
-        from transformers import AutoTokenizer
-
-        self._vocab = len(AutoTokenizer.from_pretrained(self.model_path))  # prompts are random ids below it
+        self._prompts = Prompts.for_model(self.model_path)
 
     def run(self, system: str, scenario: Scenario, workload: list[PlannedRequest],
             progress: Callable[[int], None]) -> list[RequestRecord]:
@@ -79,7 +79,7 @@ class LiveRunner:
         behind_gateway = self._simulated is not None or not system.startswith("baseline")
         gateway_before = _gateway_lags(self._base_url, behind_gateway)
         with CpuSampler(simulated_engine if self._simulated else real_engine) as cpu, ahead_of_the_host() as ahead:
-            records = asyncio.run(drive(self._base_url, self.model_name, workload, self._vocab, _shaper(system),
+            records = asyncio.run(drive(self._base_url, self.model_name, workload, self._prompts, _shaper(system),
                                         progress, self._max_in_flight, loop_lags=client_lags))
         client_p99 = percentile(client_lags, 99)
         gateway_p99 = histogram_p99(gateway_before, _gateway_lags(self._base_url, behind_gateway))
@@ -107,6 +107,8 @@ class LiveRunner:
                     args["env"] = {**args.get("env", {}), "VLLM_CPU_OMP_THREADS_BIND": _bind(self._engine_cores)}
                 if system == "baseline-priority":
                     args["engine_kwargs"]["scheduling_policy"] = "priority"
+                if system == PREFIX_AWARE:
+                    args["request_router"] = "prefix-aware"
             config, env = self._baseline_config, {}
         else:
             from tests.support.local_redis import running_redis
@@ -139,9 +141,9 @@ class LiveRunner:
         return self._base_url
 
     @property
-    def vocab(self) -> int:
-        """The model's vocabulary size (random prompt ids stay below it)."""
-        return self._vocab
+    def prompts(self) -> Prompts:
+        """Prompts in the model's tokens."""
+        return self._prompts
 
     def close(self) -> None:
         """Stop the running deployment (and any vLLM engine process it left orphaned)."""
@@ -233,7 +235,9 @@ def _warm_up(base_url: str, model_name: str, timeout_s: float = 600) -> None:
 
     import httpx
 
-    body = {"model": model_name, "prompt": [17, 18, 19], "max_tokens": 2}
+    # text, not token ids: Ray Serve LLM's prefix-aware router matches text, and a prompt of ids never
+    # returns from it (ray 2.60: ZeroDivisionError on an empty text, the request left pending)
+    body = {"model": model_name, "prompt": "the tenant work", "max_tokens": 2}
     deadline = time.monotonic() + timeout_s
     with httpx.Client(base_url=base_url, timeout=60) as client:
         while client.post("/v1/completions", json=body).status_code != 200:
@@ -248,7 +252,7 @@ def _warm_up(base_url: str, model_name: str, timeout_s: float = 600) -> None:
 
 def _shaper(system: str) -> Callable[[PlannedRequest], tuple[dict, dict]]:
     """What each system is told about a request: (extra body fields, headers)."""
-    if system == "baseline":
+    if system in ("baseline", PREFIX_AWARE):
         return lambda request: ({}, {})
     if system == "baseline-priority":
         return lambda request: ({"priority": BAND_PRIORITY.get(request.band, 1)}, {})

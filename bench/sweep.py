@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.capacity import capacity_rps, rate_scale_for
+from bench.systems import systems_for
 from bench.workload import Scenario, generate
 from replicas.sim_engine import COST_MODELS
 
@@ -50,6 +51,7 @@ def sweep(args: argparse.Namespace, meta: dict[str, str], plain: list[Scenario],
     what runs (dilated for time-scaled replicas, with ``rate_scale`` and ``duration_scale`` already holding the
     dilation)."""
     loads = [float(x) for x in args.loads.split(",")]
+    real_engines = args.mode == "live" and not args.simulated
     results: dict[str, Any] = {}
     plan = []
     for scenario, running in zip(plain, run_as):
@@ -60,7 +62,8 @@ def sweep(args: argparse.Namespace, meta: dict[str, str], plain: list[Scenario],
             scale = rate_scale * rate_scale_for(load, scenario, capacity, context)
             workload = generate(running, scale, duration_scale, context)
             entry["loads"][str(load)] = {"rate_scale": round(scale, 4), "requests": len(workload), "systems": {}}
-            plan += [(scenario.name, running, load, system, workload) for system in systems]
+            plan += [(scenario.name, running, load, system, workload)
+                     for system in systems_for(scenario.shares_prefixes, systems, real_engines)]
     plan.sort(key=lambda run: systems.index(run[3]))  # live: one deployment per system
     from bench.metrics import summarise
 

@@ -1,8 +1,11 @@
-"""The four systems every scenario compares, described once for the simulator and the live runs.
+"""The systems every scenario compares, described once for the simulator and the live runs.
 
 * ``baseline``: what users run today: Ray Serve's default router (power of two choices on queue length)
   over one pool of vLLM replicas with vLLM's server defaults (FCFS, the default step budget);
 * ``baseline-priority``: the same with vLLM's priority scheduling and interactive requests at priority 0;
+* ``baseline-prefix``: the same with Ray Serve LLM's prefix-aware router (``PrefixCacheAffinityRouter``), on
+  live engines and only where a scenario's tenants share prompt prefixes (the simulator models no prefix
+  cache);
 * ``no-queue``: this gateway's length-aware pools (small chunked-prefill budget for short prompts, large
   for long ones) and band priorities, but no global queue (Serve's router inside each pool);
 * ``gateway``: the full gateway: the Redis global queue (strict bands, token-weighted fairness across
@@ -22,8 +25,18 @@ from fleet.config import QueueConfig
 from policies.types import BandPolicy
 from replicas.sim_engine import SimEngineSettings
 
-SYSTEMS = ("baseline", "baseline-priority", "no-queue", "gateway")
+SYSTEMS = ("baseline", "baseline-priority", "baseline-prefix", "no-queue", "gateway")
+PREFIX_AWARE = "baseline-prefix"
 BAND_PRIORITY = {"interactive": 0, "standard": 1, "batch": 2}
+
+
+def systems_for(shares_prefixes: bool, systems: list[str], real_engines: bool) -> list[str]:
+    """Which of ``systems`` a scenario runs on: the prefix-aware baseline only where its tenants share
+    prefixes, and none at all where they do but the engines are simulated (no prefix cache is modelled, so
+    every system would pay every prefill)."""
+    if shares_prefixes:
+        return list(systems) if real_engines else []
+    return [system for system in systems if system != PREFIX_AWARE]
 
 
 class PoolSpec(BaseModel):

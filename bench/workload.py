@@ -1,8 +1,10 @@
 """The workload generator: one YAML file per scenario (bench/scenarios/), seeded, open-loop.
 
 A scenario names tenants; each tenant has a weight, a band, an arrival process over an active window and
-prompt / output length distributions. Prompt lengths are fractions of the model's context when given as
-``context_fraction`` (so the same scenario fits a 4k tiny model and a 128k production model), or tokens.
+prompt / output length distributions, and may open every prompt with one of a few shared prefixes (a system
+prompt, a document several questions are asked about) that a prefix cache can reuse. Prompt lengths are
+fractions of the model's context when given as ``context_fraction`` (so the same scenario fits a 4k tiny
+model and a 128k production model), or tokens.
 ``generate`` turns a scenario into the list of planned requests, sorted by send time; the same seed gives
 the same list, so every system in a comparison gets the same arrivals and lengths.
 """
@@ -69,6 +71,16 @@ class ArrivalProcess(BaseModel):
             times.append(now)
 
 
+class SharedPrefix(BaseModel):
+    """Every prompt of the tenant opens with one of ``groups`` prefixes (chosen uniformly), each of a length
+    drawn once; the tenant's ``prompt`` distribution is then the part after it, fresh per request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    groups: int = Field(ge=1, description="Distinct prefixes the tenant's prompts share.")
+    tokens: LengthDistribution = Field(description="Each prefix's length.")
+
+
 class TenantLoad(BaseModel):
     """One tenant's traffic."""
 
@@ -80,6 +92,7 @@ class TenantLoad(BaseModel):
     arrivals: list[ArrivalProcess] = Field(min_length=1)
     prompt: LengthDistribution
     output: LengthDistribution
+    shared_prefix: SharedPrefix | None = None
 
 
 class Slo(BaseModel):
@@ -117,6 +130,11 @@ class Scenario(BaseModel):
             raise ValueError(f"tenant ids must be unique: {ids}")
         return self
 
+    @property
+    def shares_prefixes(self) -> bool:
+        """Whether any tenant's prompts open with shared prefixes (a prefix cache and prefix-aware routing matter)."""
+        return any(tenant.shared_prefix is not None for tenant in self.tenants)
+
     def dilated(self, time_scale: float) -> "Scenario":
         """The scenario on engines ``time_scale`` times slower: its objectives and windows that much longer
         (its rates are divided and its duration multiplied by the caller, through ``generate``'s scales)."""
@@ -142,6 +160,8 @@ class PlannedRequest(BaseModel):
     send_s: float
     prompt_tokens: int
     output_tokens: int
+    prefix_id: str | None = None  # the shared prefix the prompt opens with (the same text in every system)
+    prefix_tokens: int = 0  # of prompt_tokens
 
 
 def generate(scenario: Scenario, rate_scale: float = 1.0, duration_scale: float = 1.0,
@@ -150,7 +170,7 @@ def generate(scenario: Scenario, rate_scale: float = 1.0, duration_scale: float 
 
     ``rate_scale`` multiplies every rate (a fleet N times larger takes N times the load);
     ``duration_scale`` stretches the run and every window; ``context_tokens`` overrides the model context.
-    Prompt plus output always fit the context.
+    Prompt plus output always fit the context; a shared prefix is cut to leave room for one fresh token.
     """
     rng = random.Random(scenario.seed)
     context = context_tokens or scenario.context_tokens
@@ -163,11 +183,24 @@ def generate(scenario: Scenario, rate_scale: float = 1.0, duration_scale: float 
                 "start_s": process.start_s * duration_scale,
                 "end_s": None if process.end_s is None else process.end_s * duration_scale})
             times.extend(window.times(rng, duration, rate_scale))
+        prefixes = _prefixes(scenario.name, tenant, rng, context)
         for index, send_s in enumerate(sorted(times)):
             output = tenant.output.draw(rng, context)
             prompt = min(tenant.prompt.draw(rng, context), context - output - 8)
+            prefix_id, prefix = rng.choice(prefixes) if prefixes else (None, 0)
+            prefix = min(prefix, context - output - 9)
             planned.append(PlannedRequest(request_id=f"{scenario.name}-{tenant.id}-{index}", tenant=tenant.id,
                                           weight=tenant.weight, band=tenant.band, send_s=send_s,
-                                          prompt_tokens=max(1, prompt), output_tokens=output))
+                                          prompt_tokens=max(1, min(prefix + prompt, context - output - 8)),
+                                          output_tokens=output, prefix_id=prefix_id, prefix_tokens=max(0, prefix)))
     planned.sort(key=lambda request: (request.send_s, request.request_id))
     return planned
+
+
+def _prefixes(scenario: str, tenant: TenantLoad, rng: random.Random, context: int) -> list[tuple[str, int]]:
+    """(id, length) of the tenant's shared prefixes; none (and no draw, so other scenarios keep their
+    sequence) for a tenant without them."""
+    if tenant.shared_prefix is None:
+        return []
+    spec = tenant.shared_prefix
+    return [(f"{scenario}-{tenant.id}-prefix-{group}", spec.tokens.draw(rng, context)) for group in range(spec.groups)]

@@ -10,14 +10,14 @@ import pytest
 import yaml
 
 from bench.live import _shaper, _simulated_fleet
-from bench.systems import SYSTEMS
+from bench.systems import PREFIX_AWARE, SYSTEMS
 from bench.workload import PlannedRequest
 from gateway.config import AppConfig
 
 LOCAL = Path(__file__).parents[2] / "deploy" / "local.yaml"
 
 
-@pytest.mark.parametrize("system", SYSTEMS)
+@pytest.mark.parametrize("system", [s for s in SYSTEMS if s != PREFIX_AWARE])  # real engines only
 def test_simulated_fleet_config_is_valid(system: str) -> None:
     args = copy.deepcopy(yaml.safe_load(LOCAL.read_text())["applications"][0]["args"])
     _simulated_fleet(args, system, "gpu-h100-llama3-8b", 16)
@@ -35,6 +35,7 @@ def test_each_system_is_told_what_it_understands() -> None:
     request = PlannedRequest(request_id="r", tenant="t", weight=1, band="interactive", send_s=0, prompt_tokens=3,
                              output_tokens=2)
     assert _shaper("baseline")(request) == ({}, {})
+    assert _shaper(PREFIX_AWARE)(request) == ({}, {})
     assert _shaper("baseline-priority")(request) == ({"priority": 0}, {})
     assert _shaper("gateway")(request) == ({}, {"x-tenant-id": "t", "x-priority": "interactive"})
 
