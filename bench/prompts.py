@@ -50,11 +50,14 @@ class Prompts:
         return prefix + "".join(rng.choice(self._words) for _ in range(max(1, fresh)))
 
 
-def one_token_words(tokenizer) -> list[str]:
-    """The vocabulary's " word" tokens that encode back to themselves alone, in id order."""
-    words = []
+def one_token_words(tokenizer, limit: int = 2_000) -> list[str]:
+    """Up to ``limit`` of the vocabulary's " word" tokens that encode back to themselves alone, in id order
+    (a 128k vocabulary is not walked to its end)."""
+    words: list[str] = []
     for token_id in range(len(tokenizer)):
         text = tokenizer.decode([token_id])
         if _WORD.fullmatch(text) and tokenizer(text, add_special_tokens=False).input_ids == [token_id]:
             words.append(text)
+            if len(words) == limit:
+                break
     return words
