@@ -141,7 +141,8 @@ def ratios(results: dict[str, Any]) -> list[str]:
     if base and ours:
         lines.append(f"burst: steady tenants' P99 TTFT gateway / baseline = {ours / base:.2f}")
     for system in SYSTEMS:  # where prompts share prefixes: what each router's placement makes of the cache
-        p50, p99 = (figure("shared-prefixes", system, "interactive", key) for key in ("ttft_p50_s", "ttft_p99_s"))
+        p50, p99 = (figure("shared-prefixes", system, "interactive", key)
+                    for key in ("ttft_p50_s", "ttft_p99_s"))
         docs = figure("shared-prefixes", system, "standard", "ttft_p99_s")
         if p50 is not None and p99 is not None and docs is not None:
             lines.append(f"shared-prefixes, {system}: interactive TTFT P50 {p50:.3f} s, P99 {p99:.3f} s; "
@@ -198,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     real_engines = _real_engines(args)
     skipped = [s.name for s in scenarios if not _runs(s, systems, False, real_engines)]
     if skipped:
-        print(f"skipped (their tenants share prefixes, and no prefix cache is simulated): {', '.join(skipped)}")
+        print("skipped (their tenants share prefixes, and no prefix cache is simulated): " + ", ".join(skipped))
     plan = [(s, label, system, without) for s in scenarios
             for label, system, without in _runs(s, systems, not args.no_references, real_engines)]
     if args.mode == "live":  # one deployment per system: run all its scenarios before switching

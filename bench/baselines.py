@@ -1,5 +1,6 @@
 """The baselines: Ray Serve LLM (``ray.serve.llm.build_openai_app``) with its default router and vLLM's
-defaults, as a user would deploy it, or with its prefix-aware router; ``import_path: bench.baselines:ray_serve_llm_app`` in
+defaults, as a user would deploy it, or with its prefix-aware router;
+``import_path: bench.baselines:ray_serve_llm_app`` in
 bench/deploy/ray-serve-llm.yaml. Needs ``ray[serve]`` plus pyarrow, pandas, jsonref and hf_transfer (the
 ``bench`` extra), never the ``ray[llm]`` extra (it pins the CUDA vLLM).
 """

@@ -36,15 +36,16 @@ class Prompts:
     def for_workload(self, workload: list[PlannedRequest], rng: random.Random) -> dict[str, list[int] | str]:
         """Every request's prompt by id: text when any request opens with a shared prefix, else token ids."""
         if not any(request.prefix_id for request in workload):
-            return {r.request_id: [rng.randrange(16, self.vocab) for _ in range(r.prompt_tokens)] for r in workload}
+            return {r.request_id: [rng.randrange(16, self.vocab) for _ in range(r.prompt_tokens)]
+                    for r in workload}
         if not self._words:
-            raise RuntimeError("this tokenizer has no one-token words to write prompts with shared prefixes in")
+            raise RuntimeError("this tokenizer has no one-token words to write shared-prefix prompts in")
         return {r.request_id: self._text(r, rng) for r in workload}
 
     def _text(self, request: PlannedRequest, rng: random.Random) -> str:
         prefix = ""
         if request.prefix_id is not None:
-            seeded = random.Random(request.prefix_id)  # str seeds are hashed with SHA-512: stable across processes
+            seeded = random.Random(request.prefix_id)  # a str seed is hashed with SHA-512: the same everywhere
             prefix = "".join(seeded.choice(self._words) for _ in range(request.prefix_tokens))
         fresh = request.prompt_tokens - (request.prefix_tokens if request.prefix_id is not None else 0)
         return prefix + "".join(rng.choice(self._words) for _ in range(max(1, fresh)))

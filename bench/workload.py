@@ -132,7 +132,7 @@ class Scenario(BaseModel):
 
     @property
     def shares_prefixes(self) -> bool:
-        """Whether any tenant's prompts open with shared prefixes (a prefix cache and prefix-aware routing matter)."""
+        """Whether any tenant's prompts open with shared prefixes (where prefix-aware routing matters)."""
         return any(tenant.shared_prefix is not None for tenant in self.tenants)
 
     def dilated(self, time_scale: float) -> "Scenario":
