@@ -47,7 +47,7 @@ class Prompts:
         if request.prefix_id is not None:
             seeded = random.Random(request.prefix_id)  # a str seed is hashed with SHA-512: the same everywhere
             prefix = "".join(seeded.choice(self._words) for _ in range(request.prefix_tokens))
-        fresh = request.prompt_tokens - (request.prefix_tokens if request.prefix_id is not None else 0)
+        fresh = request.prompt_tokens - request.prefix_tokens  # prefix_tokens is 0 without a prefix
         return prefix + "".join(rng.choice(self._words) for _ in range(max(1, fresh)))
 
 
