@@ -189,17 +189,17 @@ def main(argv: list[str] | None = None) -> int:
         # engines S times slower: the same requests, arriving S times less often, over S times as long
         rate_scale, duration_scale = rate_scale / args.time_scale, duration_scale * args.time_scale
         scenarios = [s.dilated(args.time_scale) for s in scenarios]
+    real_engines = sweep.real_engines(args)
+    skipped = [s.name for s in scenarios if s.shares_prefixes and not real_engines]
+    if skipped:
+        print("skipped (their tenants share prefixes, and no prefix cache is simulated): " + ", ".join(skipped))
     capacity_needed = args.loads or (args.rate_scale is None and any(s.offered_load for s in plain))
-    if args.mode == "live" and not args.simulated and args.model in LIVE_PROFILES and capacity_needed:
+    if real_engines and args.model in LIVE_PROFILES and capacity_needed:
         args.host_cost = host_cost_model(args.model, _calibration_core(args))  # before the runner takes cores
     if args.loads:
         return _sweep(args, argv, plain, scenarios, systems, rate_scale, duration_scale, context)
     offered = {s.name: _offered(args, p, rate_scale, context) for s, p in zip(scenarios, plain)}
     workloads = {s.name: generate(s, offered[s.name]["rate_scale"], duration_scale, context) for s in scenarios}
-    real_engines = _real_engines(args)
-    skipped = [s.name for s in scenarios if not _runs(s, systems, False, real_engines)]
-    if skipped:
-        print("skipped (their tenants share prefixes, and no prefix cache is simulated): " + ", ".join(skipped))
     plan = [(s, label, system, without) for s in scenarios
             for label, system, without in _runs(s, systems, not args.no_references, real_engines)]
     if args.mode == "live":  # one deployment per system: run all its scenarios before switching
@@ -231,11 +231,6 @@ def main(argv: list[str] | None = None) -> int:
     print(summary.read_text())
     print(f"report: {summary}")
     return 0
-
-
-def _real_engines(args: argparse.Namespace) -> bool:
-    """Whether the systems run real vLLM engines (with their prefix caches), not simulated ones."""
-    return args.mode == "live" and not args.simulated
 
 
 def _calibration_core(args: argparse.Namespace) -> int:

@@ -21,6 +21,11 @@ LIVE_PROFILES = {"bench": "cpu-bench", "tiny": "cpu-tiny"}  # a model folder: th
 LIVE_ENGINES = 2  # vLLM engines in every live system (deploy/local.yaml's pools; the baseline's replicas)
 
 
+def real_engines(args: argparse.Namespace) -> bool:
+    """Whether the systems run real vLLM engines (with their prefix caches), not simulated ones."""
+    return args.mode == "live" and not args.simulated
+
+
 def capacity_for(args: argparse.Namespace, scenario: Scenario, context: int | None) -> tuple[float, str]:
     """The fleet's capacity for the scenario (req/s, at the engines' own speed) and how it was modelled."""
     if args.mode == "sim":
@@ -51,10 +56,12 @@ def sweep(args: argparse.Namespace, meta: dict[str, str], plain: list[Scenario],
     what runs (dilated for time-scaled replicas, with ``rate_scale`` and ``duration_scale`` already holding the
     dilation)."""
     loads = [float(x) for x in args.loads.split(",")]
-    real_engines = args.mode == "live" and not args.simulated
     results: dict[str, Any] = {}
     plan = []
     for scenario, running in zip(plain, run_as):
+        runs_on = systems_for(scenario.shares_prefixes, systems, real_engines(args))
+        if not runs_on:  # shared prefixes on simulated engines: nothing to compare
+            continue
         capacity, how = capacity_for(args, scenario, context)
         entry = results.setdefault(scenario.name, {"capacity_rps": round(capacity, 3), "capacity_model": how,
                                                    "description": scenario.description, "loads": {}})
@@ -62,8 +69,7 @@ def sweep(args: argparse.Namespace, meta: dict[str, str], plain: list[Scenario],
             scale = rate_scale * rate_scale_for(load, scenario, capacity, context)
             workload = generate(running, scale, duration_scale, context)
             entry["loads"][str(load)] = {"rate_scale": round(scale, 4), "requests": len(workload), "systems": {}}
-            plan += [(scenario.name, running, load, system, workload)
-                     for system in systems_for(scenario.shares_prefixes, systems, real_engines)]
+            plan += [(scenario.name, running, load, system, workload) for system in runs_on]
     plan.sort(key=lambda run: systems.index(run[3]))  # live: one deployment per system
     from bench.metrics import summarise
 
