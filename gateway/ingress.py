@@ -27,6 +27,7 @@ from gateway.errors import GatewayError, MethodNotAllowed, RouteNotFound, error_
 from gateway.lifecycle import RequestLifecycle
 from gateway.metrics import GatewayMetrics
 from gateway.metrics_render import render_fleet
+from gateway.model_listing import model_entry, visible_listing
 from gateway.openapi import gateway_openapi
 from gateway.pools import Pools
 from gateway.request_parsing import preload_protocol_models
@@ -113,9 +114,15 @@ class Gateway:
 
     @api.get("/v1/models")
     async def list_models(self, request: Request) -> dict[str, Any]:
-        """vLLM's model listing (fetched from a replica once, then cached)."""
-        self._access.authenticate(request.headers)
-        return await self._pools.listing()
+        """vLLM's model listing (fetched from a replica once, then cached), as far as the tenant may call."""
+        tenant = self._access.authenticate(request.headers)
+        return visible_listing(await self._pools.listing(), tenant)
+
+    @api.get("/v1/models/{model_id:path}")
+    async def retrieve_model(self, model_id: str, request: Request) -> dict[str, Any]:
+        """One model of the listing (OpenAI's retrieve-model call)."""
+        tenant = self._access.authenticate(request.headers)
+        return model_entry(await self._pools.listing(), tenant, model_id)
 
     @api.post("/v1/chat/completions")
     async def chat_completions(self, request: Request) -> Response:

@@ -26,7 +26,7 @@ from gateway.accounting import Settlement, StreamUsage, reported_tokens
 from gateway.admission import AdmissionRequest, AdmissionStrategy, Admitted
 from gateway.classify import Classification, RequestClassifier
 from gateway.errors import (
-    GatewayError, GrantLost, InvalidValue, ModelNotFound, UpstreamUnavailable, from_vllm_error,
+    GatewayError, GrantLost, InvalidRequest, InvalidValue, ModelNotFound, UpstreamUnavailable, from_vllm_error,
 )
 from gateway.headers import read_headers, request_id_of
 from gateway.metrics import GatewayMetrics
@@ -173,6 +173,8 @@ class RequestLifecycle:
         return size.cost if served is None else served
 
     def _check_model(self, parsed: ParsedRequest) -> None:
+        if not parsed.model:  # OpenAI requires it; naming none is a malformed request, not an unknown model
+            raise InvalidRequest("model: Field required", param="model")
         if parsed.model != self._served_model_name:
             raise ModelNotFound(
                 f"The model `{parsed.model}` does not exist; this gateway serves `{self._served_model_name}`.",

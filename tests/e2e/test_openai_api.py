@@ -37,6 +37,9 @@ def test_health(base_url: str) -> None:
 def test_list_models(client: openai.OpenAI) -> None:
     models = client.models.list()
     assert [model.id for model in models.data] == [TINY_MODEL_NAME]
+    assert client.models.retrieve(TINY_MODEL_NAME).id == TINY_MODEL_NAME
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
 
 
 def test_completion(client: openai.OpenAI) -> None:
@@ -117,6 +120,11 @@ def test_unknown_model_is_404(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as caught:
         client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
     assert caught.value.body["code"] == "model_not_found"
+
+
+def test_a_request_naming_no_model_is_422(base_url: str, headers: dict) -> None:
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    assert _error(httpx.post(f"{base_url}/v1/chat/completions", json=body, headers=headers), 422)["param"] == "model"
 
 
 def test_prompt_over_context_is_400(client: openai.OpenAI) -> None:

@@ -48,8 +48,12 @@ def test_missing_malformed_or_unknown_key_is_401(base_url: str) -> None:
     assert httpx.get(f"{base_url}/v1/models").status_code == 401
 
 
-def test_model_the_tenant_may_not_use_is_403(base_url: str, api_keys: dict) -> None:
+def test_model_the_tenant_may_not_use_is_403_and_not_listed(base_url: str, api_keys: dict) -> None:
     _error(_completion(base_url, auth(api_keys["elsewhere"])), 403, "permission_denied")
+    listed = httpx.get(f"{base_url}/v1/models", headers=auth(api_keys["elsewhere"]))
+    assert listed.status_code == 200 and listed.json()["data"] == []
+    retrieved = httpx.get(f"{base_url}/v1/models/{TINY_MODEL_NAME}", headers=auth(api_keys["elsewhere"]))
+    assert retrieved.status_code == 404 and retrieved.json()["error"]["code"] == "model_not_found"
 
 
 def test_band_above_allowance_is_capped_and_the_response_says_so(base_url: str, api_keys: dict) -> None:

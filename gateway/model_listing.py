@@ -1,0 +1,22 @@
+"""What ``/v1/models`` shows a tenant: vLLM's listing, cut to the models the tenant may call."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.errors import ModelNotFound
+from gateway.tenants import Tenant
+
+
+def visible_listing(listing: dict[str, Any], tenant: Tenant) -> dict[str, Any]:
+    """vLLM's ``/v1/models`` listing without the models ``tenant`` may not call."""
+    return {**listing, "data": [m for m in listing.get("data", []) if tenant.may_use_model(str(m.get("id")))]}
+
+
+def model_entry(listing: dict[str, Any], tenant: Tenant, model_id: str) -> dict[str, Any]:
+    """One model of the listing (OpenAI's ``GET /v1/models/{model}``); 404 for a model the tenant cannot see,
+    whether it is served or not, so a listing never tells a tenant what others may call."""
+    for model in visible_listing(listing, tenant)["data"]:
+        if model.get("id") == model_id:
+            return model
+    raise ModelNotFound(f"The model `{model_id}` does not exist.", param="model")

@@ -1,0 +1,23 @@
+"""What /v1/models shows a tenant: only the models it may call, one at a time or all."""
+
+import pytest
+
+from gateway.errors import ModelNotFound
+from gateway.model_listing import model_entry, visible_listing
+from gateway.tenants import Tenant
+
+LISTING = {"object": "list", "data": [{"id": "llama", "object": "model"}, {"id": "org/coder", "object": "model"}]}
+
+
+def test_a_tenant_sees_the_models_it_may_call() -> None:
+    assert [m["id"] for m in visible_listing(LISTING, Tenant(id="all"))["data"]] == ["llama", "org/coder"]
+    assert [m["id"] for m in visible_listing(LISTING, Tenant(id="one", models=["org/coder"]))["data"]] == ["org/coder"]
+    assert visible_listing(LISTING, Tenant(id="one", models=["org/coder"]))["object"] == "list"
+
+
+def test_retrieving_a_model_the_tenant_may_not_call_is_404_like_one_not_served() -> None:
+    tenant = Tenant(id="one", models=["org/coder"])
+    assert model_entry(LISTING, tenant, "org/coder")["id"] == "org/coder"
+    for hidden in ("llama", "missing"):
+        with pytest.raises(ModelNotFound):
+            model_entry(LISTING, tenant, hidden)
