@@ -6,6 +6,10 @@ the host, not the system under test, and is flagged.
   processes, or the simulated replicas' actors) and by everything else, and the host's idle cores.
 * Event-loop lag (:class:`fleet.loop_lag.LoopLagMonitor`): the load client's own, and the gateways' from
   their ``fleetgate_event_loop_lag_seconds`` histogram (scraped before and after the scenario).
+* Ray Serve's own event-loop lag (``ray_serve_event_loop_scheduling_latency_ms``, from Ray's metrics export),
+  the same instrument for every system: the Serve proxy, the ingress (the gateway, or Ray Serve LLM's
+  ``OpenAiIngress``) and the engine replicas' front ends. Ray samples it every 5 s unless told otherwise
+  (:func:`serve_lag_env`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,11 @@ import time
 from pathlib import Path
 
 STARVED_LAG_S = 0.020  # a loop this late (P99) is no longer keeping up
+# Ray's lag buckets are 10 and 25 ms around that limit: a P99 above 25 ms is the exact statement nearest to it
+STARVED_SERVE_LAG_S = 0.025
+SERVE_LAG_GROUPS = ("proxy", "ingress", "engine front ends")
+FLAGGING_SERVE_GROUPS = ("proxy", "ingress")  # the non-engine side the verdict is about
+_SERVE_LAG = "ray_serve_event_loop_scheduling_latency_ms"
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -143,3 +152,61 @@ def histogram_p99(before: dict[float, float], after: dict[float, float]) -> floa
 def verdict(client_lag_p99_s: float | None, gateway_lag_p99_s: float | None) -> bool:
     """True when the non-engine side was starved: either loop's P99 lag above STARVED_LAG_S."""
     return any(lag is not None and lag > STARVED_LAG_S for lag in (client_lag_p99_s, gateway_lag_p99_s))
+
+
+def serve_lag_env(interval_s: float = 0.05, report_interval_ms: int = 1000) -> dict[str, str]:
+    """Environment for a `serve run` whose Serve event loops are sampled often enough for a P99 over one
+    scenario (Ray's default is every 5 s), and whose workers report their metrics every second."""
+    return {"RAY_SERVE_EVENT_LOOP_MONITORING_INTERVAL_S": f"{interval_s:g}",
+            "RAY_metrics_report_interval_ms": str(report_interval_ms)}
+
+
+def _serve_group(labels: dict[str, str]) -> str | None:
+    """Which part of the system a Ray Serve loop belongs to (None: a handle's router loop, whose process the
+    labels do not name)."""
+    if labels.get("component") == "proxy":
+        return "proxy"
+    deployment = labels.get("deployment") or ""
+    if not deployment:
+        return None
+    return "engine front ends" if deployment.startswith(("vllm-", "LLMServer")) else "ingress"
+
+
+def serve_lag_histograms(metrics_text: str) -> dict[str, dict[float, float]]:
+    """Ray Serve's event-loop lag histograms by group (cumulative count per upper bound in seconds, summed
+    over the group's loops)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    groups: dict[str, dict[float, float]] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != _SERVE_LAG:
+            continue
+        for sample in family.samples:
+            group = _serve_group(sample.labels)
+            if sample.name.endswith("_bucket") and group is not None:
+                bound = float(sample.labels["le"]) / 1000
+                buckets = groups.setdefault(group, {})
+                buckets[bound] = buckets.get(bound, 0.0) + sample.value
+    return groups
+
+
+def scrape_serve_lags(session_dir: Path = Path("/tmp/ray/session_latest")) -> dict[str, dict[float, float]]:
+    """Ray Serve's loop-lag histograms now, from the local Ray node's metrics export (empty if there is none)."""
+    import httpx
+
+    try:
+        port = next(session_dir.glob("metrics_export_port_*")).read_text().strip()
+        return serve_lag_histograms(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text)
+    except (StopIteration, OSError, ValueError, httpx.HTTPError):
+        return {}
+
+
+def serve_lag_p99s(before: dict[str, dict[float, float]],
+                   after: dict[str, dict[float, float]]) -> dict[str, float | None]:
+    """Each group's P99 lag between two scrapes (the upper bound of its bucket; None: no samples)."""
+    return {group: histogram_p99(before.get(group, {}), after[group]) for group in SERVE_LAG_GROUPS if group in after}
+
+
+def serve_starved(p99s: dict[str, float | None]) -> bool:
+    """True when Ray Serve's proxy or ingress loops lagged past STARVED_SERVE_LAG_S at P99."""
+    return any((p99s.get(group) or 0.0) > STARVED_SERVE_LAG_S for group in FLAGGING_SERVE_GROUPS)

@@ -16,13 +16,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from bench.client import drive
 from bench.cores import ahead_of_the_host, autogroups_off, confine_processes, confine_threads, host_cores
 from bench.headroom import (
-    CpuSampler, histogram_p99, real_engine, scrape_lag_histogram, simulated_engine, verdict,
+    CpuSampler, histogram_p99, real_engine, scrape_lag_histogram, scrape_serve_lags, serve_lag_env, serve_lag_p99s,
+    serve_starved, simulated_engine, verdict,
 )
 from bench.metrics import RequestRecord, percentile
 from bench.models import resolve
@@ -30,6 +32,9 @@ from bench.prompts import Prompts
 from tests.support.serve_launcher import REPO_ROOT, serve_run
 from bench.systems import BAND_PRIORITY, PREFIX_AWARE
 from bench.workload import PlannedRequest, Scenario
+
+
+SERVE_METRICS_SETTLE_S = 2.5  # a scenario's last Serve loop samples reach Ray's metrics export in this time
 
 
 class LiveRunner:
@@ -78,15 +83,19 @@ class LiveRunner:
         client_lags: list[float] = []
         behind_gateway = self._simulated is not None or not system.startswith("baseline")
         gateway_before = _gateway_lags(self._base_url, behind_gateway)
+        serve_before = scrape_serve_lags()
         with CpuSampler(simulated_engine if self._simulated else real_engine) as cpu, ahead_of_the_host() as ahead:
             records = asyncio.run(drive(self._base_url, self.model_name, workload, self._prompts, _shaper(system),
                                         progress, self._max_in_flight, loop_lags=client_lags))
         client_p99 = percentile(client_lags, 99)
         gateway_p99 = histogram_p99(gateway_before, _gateway_lags(self._base_url, behind_gateway))
+        time.sleep(SERVE_METRICS_SETTLE_S)  # Ray's workers report their metrics every second (serve_lag_env)
+        serve_p99s = serve_lag_p99s(serve_before, scrape_serve_lags())
         self.last_headroom = {**cpu.summary(), "client_loop_lag_p99_ms": _ms(client_p99),
                               "gateway_loop_lag_p99_ms": _ms(gateway_p99),
-                              "host_starved": verdict(client_p99, gateway_p99), "client_niced": ahead,
-                              "autogroups_off": self._ungrouped}
+                              "serve_loop_lag_p99_ms": {group: _ms(p99) for group, p99 in serve_p99s.items()},
+                              "host_starved": verdict(client_p99, gateway_p99) or serve_starved(serve_p99s),
+                              "client_niced": ahead, "autogroups_off": self._ungrouped}
         return records
 
     def start(self, system: str) -> None:
@@ -109,7 +118,7 @@ class LiveRunner:
                     args["engine_kwargs"]["scheduling_policy"] = "priority"
                 if system == PREFIX_AWARE:
                     args["request_router"] = "prefix-aware"
-            config, env = self._baseline_config, {}
+            config, env = self._baseline_config, serve_lag_env()
         else:
             from tests.support.local_redis import running_redis
 
@@ -128,7 +137,7 @@ class LiveRunner:
                     _simulated_fleet(args, system, self._simulated, self._replicas)
                     args["model"]["simulated_time_scale"] = self._time_scale
                     _dilate_queue(args["queue"], self._time_scale)
-            config, env = self._config, {"REDIS_URL": redis_url}
+            config, env = self._config, {"REDIS_URL": redis_url, **serve_lag_env()}
         self._base_url = self._stack.enter_context(serve_run(config, work, env=env, edit=edit))
         _warm_up(self._base_url, self.model_name)  # every engine is up once completions succeed
         if self._engine_cores and not confine_processes(real_engine, self._engine_cores):

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench.headroom import SERVE_LAG_GROUPS
 from bench.metrics import RequestRecord, service_events
 
 COLUMNS = [  # (header, band or None for overall, key, scale, format)
@@ -77,14 +78,21 @@ def _headroom_table(scenario: dict) -> list[str]:
     def value(headroom: dict, key: str) -> str:
         return "–" if headroom.get(key) is None else f"{headroom[key]:g}"
 
+    def serve_lags(headroom: dict) -> str:
+        lags = headroom.get("serve_loop_lag_p99_ms") or {}
+        return " / ".join("–" if lags.get(g) is None else f"≤{lags[g]:g}" for g in SERVE_LAG_GROUPS)
+
     rows = [f"| {system} | " + " | ".join(value(h, k) for k in ("engine_cores", "other_cores", "idle_cores_min",
                                                                  "client_loop_lag_p99_ms", "gateway_loop_lag_p99_ms"))
+            + f" | {serve_lags(h)}"
             + (" | **host-starved: no conclusion** |" if h.get("host_starved") else " | engine-bound or idle |")
             for system, h in runs.items()]
-    return ["", "Host headroom (cores used by the engines / by everything else / least idle; loop-lag P99 of the "
-            "load client / the gateways, ms; over 20 ms is starved):", "",
-            "| system | engines | rest | idle (least) | client lag | gateway lag | regime |",
-            "|---|---|---|---|---|---|---|", *rows]
+    return ["", "Host headroom (cores used by the engines / by everything else / least idle; loop-lag P99, ms, of "
+            "the load client and of the gateways (fleetgate's own histogram), over 20 ms is starved; Ray Serve's own "
+            "loop-lag P99 bucket for every system, proxy / ingress / engine front ends, over 25 ms in the proxy or "
+            "the ingress is starved):", "",
+            "| system | engines | rest | idle (least) | client lag | gateway lag | Serve lag | regime |",
+            "|---|---|---|---|---|---|---|---|", *rows]
 
 
 def _wait_table(scenario: dict) -> list[str]:
