@@ -39,6 +39,7 @@ from replicas.base import MISROUTED, NO_GRANT
 logger = logging.getLogger(__name__)
 
 CLIENT_GONE = 499  # the client went away before the reply (nginx's convention, for logs and metrics)
+_SETTLING: set[asyncio.Task] = set()  # streams settling after their client left: held until they are done
 SERVED_WAIT_S = 4.0  # how long a replica may take to say what a request cut short served
 
 
@@ -126,13 +127,25 @@ class RequestLifecycle:
                 if usage.chunk_times:
                     stages.lap("first_token", at=usage.chunk_times[0])
                     stages.lap("relay")
-                await settlement.settle(usage.total_tokens, usage.chunk_times)
+                # shielded: a client gone cancels this again, and the request must still settle, once
+                settling = asyncio.ensure_future(self._settle_stream(settlement, usage, place))
+                _SETTLING.add(settling)
+                settling.add_done_callback(_SETTLING.discard)
+                await asyncio.shield(settling)
 
             streaming = True
             return SettlingStreamingResponse(relay_lines(replies, usage), on_exit, headers)
         finally:
             if not streaming:
                 await settlement.settle(served)
+
+    async def _settle_stream(self, settlement: Settlement, usage: StreamUsage, place: Admitted) -> None:
+        """Settle a stream that ended: the engine's count in its last chunk, or, for a stream cut short, the
+        replica's count if higher (its engine served more than the stream carried by the cut)."""
+        served = usage.total_tokens
+        if not usage.finished:
+            served = max(served, await self._replica_served(place) or 0)
+        await settlement.settle(served, usage.chunk_times)
 
     async def _forward(self, parsed: ParsedRequest, place: Admitted,
                        at_engine: list[bool]) -> tuple[dict[str, Any], DeploymentResponseGenerator]:
@@ -162,15 +175,19 @@ class RequestLifecycle:
         client's): the tokens its engine served, as the replica recorded them. Work that ran is never refunded:
         the request's estimate when the replica cannot say (no grant names it, a stream cut before its first
         line, no answer within SERVED_WAIT_S)."""
+        served = await self._replica_served(place)
+        return size.cost if served is None else served
+
+    async def _replica_served(self, place: Admitted) -> int | None:
+        """What the replica holding ``place``'s grant says its engine served for it (None: it cannot say)."""
         if place.replica_id is None or place.ticket_id is None:
-            return size.cost
+            return None
         try:
-            served = await asyncio.wait_for(
+            return await asyncio.wait_for(
                 self._pools.served(place.pool, place.replica_id, place.ticket_id, SERVED_WAIT_S), SERVED_WAIT_S + 1)
         except Exception as exc:
             logger.warning("a replica did not say what a cancelled request served: %s", type(exc).__name__)
-            return size.cost
-        return size.cost if served is None else served
+            return None
 
     def _check_model(self, parsed: ParsedRequest) -> None:
         if not parsed.model:  # OpenAI requires it; naming none is a malformed request, not an unknown model

@@ -23,10 +23,10 @@ async def relay_lines(replies: DeploymentResponseGenerator, usage: StreamUsage) 
     the replica, which aborts the engine request.
     """
     try:
-        async for line in replies:
-            forwarded = usage.observe(line)
-            if forwarded is not None:
-                yield forwarded
+        async for message in replies:
+            forwarded = [kept for line in sse_events(message) if (kept := usage.observe(line)) is not None]
+            if forwarded:
+                yield "".join(forwarded)
     except Exception as exc:  # the replica died or failed mid-stream
         logger.warning("stream from replica failed: %s", type(exc).__name__)
         error = error_body("The model replica failed during the stream.", "service_unavailable", "replica_failed")
@@ -34,6 +34,12 @@ async def relay_lines(replies: DeploymentResponseGenerator, usage: StreamUsage) 
         yield "data: [DONE]\n\n"
     finally:
         replies.cancel()
+
+
+def sse_events(message: str) -> list[str]:
+    """The SSE events of one replica message (a replica joins the events of one batching interval into one
+    message: replicas/stream_batching.py), each with its blank-line terminator."""
+    return [event + "\n\n" for event in message.split("\n\n") if event.strip()]
 
 
 class SettlingStreamingResponse(StreamingResponse):

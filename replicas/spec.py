@@ -25,5 +25,8 @@ class ReplicaSpec(BaseModel):
     accepts: list[str] = Field(default_factory=lambda: ["short", "long"], description="Length classes it runs.")
     prefers: list[str] = Field(default_factory=list, description="Length classes its pool is built for.")
     metrics_interval_s: float = Field(2.0, gt=0, description="How often it publishes its metrics to the fleet.")
+    stream_batching_interval_ms: float = Field(
+        0, ge=0, description="A stream's lines go at most once per this interval, joined (replicas/stream_batching.py)."
+    )
     simulated: str | None = Field(None, description="Cost model of the simulated engine; None: real vLLM.")
     time_scale: float = Field(1.0, ge=1.0, description="Simulated engine: each step takes this many times its model.")

@@ -157,6 +157,25 @@ def test_a_client_that_gives_up_is_charged_what_its_engine_did(base_url: str, re
     assert abs(engines - charged) <= 2, (engines, charged)  # what the engines counted, give or take a step
 
 
+def test_a_stream_its_client_leaves_is_charged_what_its_engine_did(base_url: str, redis_url: str,
+                                                                  api_keys: dict) -> None:
+    """A stream's messages trail its engine by up to one batching interval (the replica joins a stream's
+    tokens): a client that leaves mid-stream is charged the engine's count, not what the stream carried."""
+    before, engines_before = served_by_tenant(redis_url), _engine_tokens(base_url)
+    body = {"model": TINY_MODEL_NAME, "prompt": "run for a while", "max_tokens": 3000, "ignore_eos": True,
+            "stream": True}
+    with httpx.stream("POST", f"{base_url}/v1/completions", headers=auth(api_keys["acme"]), json=body,
+                      timeout=30) as reply:
+        lines = reply.iter_lines()
+        for _ in range(40):  # some of the stream, then the client leaves
+            next(lines)
+    state = assert_ledger_balanced(redis_url, REPLICAS)
+    charged = state.served["acme"] - before.get("acme", 0)
+    assert 10 < charged < 3000
+    engines = _engine_tokens(base_url) - engines_before
+    assert abs(engines - charged) <= 2, (engines, charged)  # what the engines counted, give or take a step
+
+
 def test_beam_search_only_in_the_top_band(base_url: str, api_keys: dict) -> None:
     """vLLM's beam search ignores request priority (it runs at 0): a lower band may not use it to jump ahead."""
     body = {"use_beam_search": True, "n": 2, "max_tokens": 2}
