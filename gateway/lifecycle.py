@@ -39,7 +39,6 @@ from replicas.base import MISROUTED, NO_GRANT
 logger = logging.getLogger(__name__)
 
 CLIENT_GONE = 499  # the client went away before the reply (nginx's convention, for logs and metrics)
-_SETTLING: set[asyncio.Task] = set()  # streams settling after their client left: held until they are done
 SERVED_WAIT_S = 4.0  # how long a replica may take to say what a request cut short served
 
 
@@ -127,25 +126,13 @@ class RequestLifecycle:
                 if usage.chunk_times:
                     stages.lap("first_token", at=usage.chunk_times[0])
                     stages.lap("relay")
-                # shielded: a client gone cancels this again, and the request must still settle, once
-                settling = asyncio.ensure_future(self._settle_stream(settlement, usage, place))
-                _SETTLING.add(settling)
-                settling.add_done_callback(_SETTLING.discard)
-                await asyncio.shield(settling)
+                await settlement.settle(usage.total_tokens, usage.chunk_times)
 
             streaming = True
             return SettlingStreamingResponse(relay_lines(replies, usage), on_exit, headers)
         finally:
             if not streaming:
                 await settlement.settle(served)
-
-    async def _settle_stream(self, settlement: Settlement, usage: StreamUsage, place: Admitted) -> None:
-        """Settle a stream that ended: the engine's count in its last chunk, or, for a stream cut short, the
-        replica's count if higher (its engine served more than the stream carried by the cut)."""
-        served = usage.total_tokens
-        if not usage.finished:
-            served = max(served, await self._replica_served(place) or 0)
-        await settlement.settle(served, usage.chunk_times)
 
     async def _forward(self, parsed: ParsedRequest, place: Admitted,
                        at_engine: list[bool]) -> tuple[dict[str, Any], DeploymentResponseGenerator]:

@@ -7,7 +7,6 @@ the first message of every reply is a :class:`ReplicaReply` header, then (for st
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Literal
@@ -117,16 +116,10 @@ class ReplicaBase:
         if ticket_id is not None and self._reporter is not None:
             self._reporter.received(ticket_id)
         served: int | None = None
-        usage_line: list[str] = []  # a stream's latest line with the engine's usage, relayed or still held
-
-        def note(line: str) -> None:
-            if '"usage"' in line:
-                usage_line[:] = [line]
-
         try:
             first = True
             interval_s = self.spec.stream_batching_interval_ms / 1000 if body.get("stream") else 0.0
-            async for message in batched_lines(self.serve(endpoint, body), interval_s, on_line=note):
+            async for message in batched_lines(self.serve(endpoint, body), interval_s):
                 if first and isinstance(message, str):  # the stream's first line: the engine has started it
                     self.tracker.started(key)
                     first = False
@@ -134,8 +127,6 @@ class ReplicaBase:
                     served = _served_in(message)
                 yield message
         finally:
-            if served is None and usage_line:
-                served = _stream_served(usage_line[0])
             if ticket_id is not None:
                 self.outcomes.end(ticket_id, self._served_when_cut.pop(key, served))
             self.tracker.leave(key)
@@ -200,13 +191,3 @@ def serve_replica_id() -> str:
         return serve.get_replica_context().replica_id.unique_id
     except Exception:  # outside a Serve replica (local testing mode)
         return f"local-{uuid.uuid4().hex[:8]}"
-
-
-def _stream_served(line: str) -> int | None:
-    """The engine's tokens served as of one SSE line carrying usage (None if it carries none)."""
-    try:
-        usage = json.loads(line.removeprefix("data: ")).get("usage") or {}
-    except ValueError:
-        return None
-    total = usage.get("total_tokens")
-    return int(total) if total is not None else None

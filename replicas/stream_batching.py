@@ -27,18 +27,16 @@ def carries_output(line: str) -> bool:
 
 class _ReadAhead:
     """Reads ``items`` in a task of its own, so that the reader can wait for more with a deadline without
-    cancelling the read; ``on_line`` sees each string as it arrives."""
+    cancelling the read."""
 
-    def __init__(self, items: AsyncIterator[Item], on_line: Callable[[str], None] | None) -> None:
+    def __init__(self, items: AsyncIterator[Item]) -> None:
         self.arrived: asyncio.Queue = asyncio.Queue()
         self.finished = asyncio.Event()
-        self._task = asyncio.ensure_future(self._read(items, on_line))
+        self._task = asyncio.ensure_future(self._read(items))
 
-    async def _read(self, items: AsyncIterator[Item], on_line: Callable[[str], None] | None) -> None:
+    async def _read(self, items: AsyncIterator[Item]) -> None:
         try:
             async for item in items:
-                if on_line is not None and isinstance(item, str):
-                    on_line(item)
                 self.arrived.put_nowait(item)
         except Exception as exc:  # raised again to the reader, after the items before it
             self.arrived.put_nowait(exc)
@@ -84,20 +82,17 @@ def _messages(taken: list[object]) -> tuple[list[object], BaseException | None, 
     return messages + (["".join(held)] if held else []), None, False
 
 
-async def batched_lines(items: AsyncIterator[Item], interval_s: float, clock: Callable[[], float] = time.monotonic,
-                        on_line: Callable[[str], None] | None = None) -> AsyncIterator[Item | str]:
+async def batched_lines(items: AsyncIterator[Item], interval_s: float,
+                        clock: Callable[[], float] = time.monotonic) -> AsyncIterator[Item | str]:
     """``items`` with its strings joined into at most one message per ``interval_s`` (0: each as it comes);
     an interval opens when a message that :func:`carries_output` is sent. Anything but a string (a reply's
     header) flushes what is held and passes at once. Closing this generator (the caller cancelled) cancels
-    the read of ``items``, as iterating ``items`` directly would; ``on_line`` sees each string as it arrives,
-    held or not (what the engine produced by a cut)."""
+    the read of ``items``, as iterating ``items`` directly would."""
     if interval_s <= 0:
         async for item in items:
-            if on_line is not None and isinstance(item, str):
-                on_line(item)
             yield item
         return
-    ahead = _ReadAhead(items, on_line)
+    ahead = _ReadAhead(items)
     last_flush: float | None = None
     try:
         while True:

@@ -159,8 +159,8 @@ def test_a_client_that_gives_up_is_charged_what_its_engine_did(base_url: str, re
 
 def test_a_stream_its_client_leaves_is_charged_what_its_engine_did(base_url: str, redis_url: str,
                                                                   api_keys: dict) -> None:
-    """A stream's messages trail its engine (in flight, or held for a pool's stream batching interval): a
-    client that leaves mid-stream is charged the engine's count, not only what the stream carried."""
+    """A client that leaves mid-stream is charged the engine's count as of its last chunk, which is what the
+    engine served give or take a step (a stream is charged by vLLM's usage, never by its chunks)."""
     before, engines_before = served_by_tenant(redis_url), _engine_tokens(base_url)
     body = {"model": TINY_MODEL_NAME, "prompt": "run for a while", "max_tokens": 3000, "ignore_eos": True,
             "stream": True}

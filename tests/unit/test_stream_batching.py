@@ -115,27 +115,3 @@ async def test_a_chat_streams_role_chunk_does_not_hold_back_its_first_token() ->
     assert "role" in await _next(stream)
     source.queue.put_nowait('data: {"choices":[{"delta":{"content":"Hi"}}]}\n\n')
     assert "Hi" in await _next(stream)  # at once: the role chunk opened no interval
-
-
-async def test_lines_held_when_the_call_is_cut_are_still_seen() -> None:
-    """What the engine produced by a cut counts, relayed or not: the replica charges from it."""
-    source, seen = Source(), []
-    stream = batched_lines(source.lines(), interval_s=3600, clock=Clock(), on_line=seen.append)
-    source.queue.put_nowait("a")
-    assert await _next(stream) == "a"
-    source.queue.put_nowait("b")  # held for the interval
-    waiting = asyncio.ensure_future(stream.__anext__())
-    while seen != ["a", "b"]:
-        await asyncio.sleep(0)
-    waiting.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await waiting
-    assert seen == ["a", "b"] and source.closed
-
-
-def test_the_engines_count_is_read_from_a_usage_line() -> None:
-    from replicas.base import _stream_served
-
-    line = 'data: {"choices":[{"delta":{"content":"x"}}],"usage":{"prompt_tokens":5,"total_tokens":9}}\n\n'
-    assert _stream_served(line) == 9
-    assert _stream_served("data: [DONE]\n\n") is None and _stream_served('data: {"choices":[]}\n\n') is None
