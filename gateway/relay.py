@@ -6,6 +6,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from ray.exceptions import TaskCancelledError
 from ray.serve.handle import DeploymentResponseGenerator
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -54,5 +55,7 @@ class SettlingStreamingResponse(StreamingResponse):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
+        except* TaskCancelledError:  # Ray's receive proxy when the client left mid-stream: nobody to answer
+            logger.debug("the client left mid-stream")
         finally:
             await self._on_exit()
