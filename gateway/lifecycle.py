@@ -162,19 +162,15 @@ class RequestLifecycle:
         client's): the tokens its engine served, as the replica recorded them. Work that ran is never refunded:
         the request's estimate when the replica cannot say (no grant names it, a stream cut before its first
         line, no answer within SERVED_WAIT_S)."""
-        served = await self._replica_served(place)
-        return size.cost if served is None else served
-
-    async def _replica_served(self, place: Admitted) -> int | None:
-        """What the replica holding ``place``'s grant says its engine served for it (None: it cannot say)."""
         if place.replica_id is None or place.ticket_id is None:
-            return None
+            return size.cost
         try:
-            return await asyncio.wait_for(
+            served = await asyncio.wait_for(
                 self._pools.served(place.pool, place.replica_id, place.ticket_id, SERVED_WAIT_S), SERVED_WAIT_S + 1)
         except Exception as exc:
             logger.warning("a replica did not say what a cancelled request served: %s", type(exc).__name__)
-            return None
+            return size.cost
+        return size.cost if served is None else served
 
     def _check_model(self, parsed: ParsedRequest) -> None:
         if not parsed.model:  # OpenAI requires it; naming none is a malformed request, not an unknown model
