@@ -17,6 +17,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 STARVED_LAG_S = 0.020  # a loop this late (P99) is no longer keeping up
@@ -113,18 +114,28 @@ class CpuSampler:
                 "idle_cores_mean": round(sum(idle) / len(idle), 2), "idle_cores_min": round(min(idle), 2)}
 
 
-def lag_histogram(metrics_text: str) -> dict[float, float]:
-    """The gateways' event-loop lag histogram (cumulative count per upper bound, summed over gateways)."""
+def _histograms(metrics_text: str, family_name: str, group_of: Callable[[dict[str, str]], str | None],
+                units_per_second: float = 1.0) -> dict[str, dict[float, float]]:
+    """Histogram ``family_name``'s buckets summed per group (cumulative count per upper bound in seconds);
+    ``group_of`` names a sample's group from its labels (None: left out)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    buckets: dict[float, float] = {}
+    groups: dict[str, dict[float, float]] = {}
     for family in text_string_to_metric_families(metrics_text):
-        if family.name == "fleetgate_event_loop_lag_seconds":
-            for sample in family.samples:
-                if sample.name.endswith("_bucket"):
-                    bound = float(sample.labels["le"])
-                    buckets[bound] = buckets.get(bound, 0.0) + sample.value
-    return buckets
+        if family.name != family_name:
+            continue
+        for sample in family.samples:
+            group = group_of(sample.labels)
+            if sample.name.endswith("_bucket") and group is not None:
+                bound = float(sample.labels["le"]) / units_per_second
+                buckets = groups.setdefault(group, {})
+                buckets[bound] = buckets.get(bound, 0.0) + sample.value
+    return groups
+
+
+def lag_histogram(metrics_text: str) -> dict[float, float]:
+    """The gateways' event-loop lag histogram (cumulative count per upper bound, summed over gateways)."""
+    return _histograms(metrics_text, "fleetgate_event_loop_lag_seconds", lambda labels: "gateways").get("gateways", {})
 
 
 def scrape_lag_histogram(base_url: str) -> dict[float, float]:
@@ -174,20 +185,8 @@ def _serve_group(labels: dict[str, str]) -> str | None:
 
 def serve_lag_histograms(metrics_text: str) -> dict[str, dict[float, float]]:
     """Ray Serve's event-loop lag histograms by group (cumulative count per upper bound in seconds, summed
-    over the group's loops)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    groups: dict[str, dict[float, float]] = {}
-    for family in text_string_to_metric_families(metrics_text):
-        if family.name != _SERVE_LAG:
-            continue
-        for sample in family.samples:
-            group = _serve_group(sample.labels)
-            if sample.name.endswith("_bucket") and group is not None:
-                bound = float(sample.labels["le"]) / 1000
-                buckets = groups.setdefault(group, {})
-                buckets[bound] = buckets.get(bound, 0.0) + sample.value
-    return groups
+    over the group's loops; Ray's bounds are in milliseconds)."""
+    return _histograms(metrics_text, _SERVE_LAG, _serve_group, units_per_second=1000)
 
 
 def scrape_serve_lags(session_dir: Path = Path("/tmp/ray/session_latest")) -> dict[str, dict[float, float]]:
