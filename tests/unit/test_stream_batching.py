@@ -40,6 +40,15 @@ async def _next(stream) -> object:
     return await asyncio.wait_for(stream.__anext__(), 5)
 
 
+async def _after_a_first_line(interval_s: float = 3600, clock: Clock | None = None):
+    """A batched stream whose first line, "a", has gone (at once: nothing was flushed before); its source."""
+    source = Source()
+    stream = batched_lines(source.lines(), interval_s=interval_s, clock=clock or Clock())
+    source.queue.put_nowait("a")
+    assert await _next(stream) == "a"
+    return source, stream
+
+
 async def test_first_line_at_once_then_one_message_per_interval_and_the_end_not_held() -> None:
     source, clock = Source(), Clock()
     stream = batched_lines(source.lines(), interval_s=3600, clock=clock)
@@ -59,10 +68,8 @@ async def test_first_line_at_once_then_one_message_per_interval_and_the_end_not_
 
 
 async def test_a_line_after_a_quiet_interval_goes_at_once() -> None:
-    source, clock = Source(), Clock()
-    stream = batched_lines(source.lines(), interval_s=0.5, clock=clock)
-    source.queue.put_nowait("a")
-    assert await _next(stream) == "a"
+    clock = Clock()
+    source, stream = await _after_a_first_line(interval_s=0.5, clock=clock)
     clock.now = 0.6
     source.queue.put_nowait("b")
     assert await _next(stream) == "b"
@@ -72,10 +79,7 @@ async def test_a_line_after_a_quiet_interval_goes_at_once() -> None:
 
 
 async def test_an_error_comes_after_the_lines_before_it() -> None:
-    source = Source()
-    stream = batched_lines(source.lines(), interval_s=3600, clock=Clock())
-    source.queue.put_nowait("a")
-    assert await _next(stream) == "a"
+    source, stream = await _after_a_first_line()
     source.queue.put_nowait("b")
     source.queue.put_nowait(RuntimeError("engine died"))
     assert await _next(stream) == "b"
@@ -84,10 +88,7 @@ async def test_an_error_comes_after_the_lines_before_it() -> None:
 
 
 async def test_closing_the_batched_stream_closes_its_source() -> None:
-    source = Source()
-    stream = batched_lines(source.lines(), interval_s=3600, clock=Clock())
-    source.queue.put_nowait("a")
-    assert await _next(stream) == "a"
+    source, stream = await _after_a_first_line()
     waiting = asyncio.ensure_future(stream.__anext__())
     await asyncio.sleep(0.01)
     waiting.cancel()  # the caller (Ray Serve, the client gone) cancels the call
