@@ -74,6 +74,8 @@ class ReplicaState(BaseModel):
     kv_usage: float = 0.0
     received: int = 0
     signals_at_ms: int = 0
+    guarded_held: int = 0
+    """Grants of classes it takes only when it holds none of its own work (long prompts on a latency replica)."""
     open_bands: Annotated[list[str], BeforeValidator(_as_list)] = Field(default_factory=list)
 
     @property

@@ -32,8 +32,8 @@ def render_fleet(entries: Iterable[tuple[dict[str, str], str]], snapshot: QueueS
     return generate_latest(registry)
 
 
-def queue_families(snapshot: QueueSnapshot, tenant_labels: bool = True) -> list[Metric]:
-    """The global queue's state as gauges: per band and tenant, per replica, and its event totals."""
+def _band_families(snapshot: QueueSnapshot, tenant_labels: bool) -> list[Metric]:
+    """What waits in each band, in all and per tenant (one unlabelled total when tenant labels are off)."""
     depth = GaugeMetricFamily("fleetgate_queue_depth", "Tickets waiting in the global queue.", labels=["band", "tenant"])
     tokens = GaugeMetricFamily("fleetgate_queued_tokens", "Estimated tokens of the waiting tickets.",
                                labels=["band", "tenant"])
@@ -48,6 +48,11 @@ def queue_families(snapshot: QueueSnapshot, tenant_labels: bool = True) -> list[
         for tenant, (count, queued_tokens) in sorted(per_tenant.items()):
             depth.add_metric([band.name, tenant], count)
             tokens.add_metric([band.name, tenant], queued_tokens)
+    return [depth, tokens, band_depth]
+
+
+def queue_families(snapshot: QueueSnapshot, tenant_labels: bool = True) -> list[Metric]:
+    """The global queue's state as gauges: per band and tenant, per replica, and its event totals."""
     replica_gauges = {
         name: GaugeMetricFamily(f"fleetgate_replica_{name}", doc, labels=["replica", "pool"])
         for name, doc in (("slots", "Sequences the replica registered (its max_num_seqs)."),
@@ -63,6 +68,8 @@ def queue_families(snapshot: QueueSnapshot, tenant_labels: bool = True) -> list[
                                                 "x its step budget)."),
                           ("unstarted", "Requests the replica reported not started (in transit, waiting, prefilling)."),
                           ("in_flight", "Grants made to the replica that it has not acknowledged yet."),
+                          ("guarded_held", "Grants it holds of classes longer than its pool is built for (long "
+                                           "prompts on a latency replica: short work then goes elsewhere first)."),
                           ("engine_running", "Running requests its engine last reported."),
                           ("engine_waiting", "Waiting requests its engine last reported."),
                           ("engine_kv_usage", "KV-cache usage its engine last reported (0-1)."),
@@ -79,6 +86,7 @@ def queue_families(snapshot: QueueSnapshot, tenant_labels: bool = True) -> list[
         replica_gauges["kv_tokens"].add_metric(key, replica.tokens_total)
         replica_gauges["kv_tokens_reserved"].add_metric(key, replica.tokens_total - replica.tokens_free)
         values = {"pending_tokens": replica.pending, "unstarted": replica.unstarted, "in_flight": replica.in_flight,
+                  "guarded_held": replica.guarded_held,
                   "engine_running": replica.running, "engine_waiting": replica.waiting,
                   "engine_kv_usage": replica.kv_usage, "signals_fresh": int(replica.fresh),
                   "gate_limit_tokens": top.max_unstarted_steps * replica.step_tokens if top else 0,
@@ -91,7 +99,7 @@ def queue_families(snapshot: QueueSnapshot, tenant_labels: bool = True) -> list[
     events = Metric("fleetgate_queue_events", "Global queue events since the queue began (all gateways).", "counter")
     for event, count in sorted(snapshot.stats.items()):
         events.add_sample("fleetgate_queue_events_total", {"event": event.replace(":", "_")}, count)
-    return [depth, tokens, band_depth, *replica_gauges.values(), *signals.values(), gate_open, events]
+    return [*_band_families(snapshot, tenant_labels), *replica_gauges.values(), *signals.values(), gate_open, events]
 
 
 

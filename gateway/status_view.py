@@ -50,7 +50,10 @@ def _replica_row(replica: ReplicaState, now_ms: int, bands: list[str]) -> list[A
         signals = "stale (slot cap)" if replica.signals_at_ms else "none (slot cap)"
     opened = replica.open_bands
     open_to = "all" if opened == bands else ("none: gated" if not opened else ",".join(opened))
-    return [replica.replica_id, replica.pool, f"{replica.slots_total - replica.slots_free}/{replica.slots_total}",
+    slots = f"{replica.slots_total - replica.slots_free}/{replica.slots_total}"
+    if replica.guarded_held:
+        slots += f" ({replica.guarded_held} guarded)"
+    return [replica.replica_id, replica.pool, slots,
             f"{replica.pending}/{replica.step_tokens}", f"{replica.unstarted}+{replica.in_flight} in flight",
             replica.running, replica.waiting, f"{replica.kv_usage:.2f}", signals, open_to,
             ",".join(replica.accepts), ",".join(replica.prefers) or "-", f"{lease_s:.1f}s"]

@@ -4,14 +4,19 @@
 * **Filter** (:func:`fits`): the replica runs the ticket's length class and has the tokens for it (an
   idle replica takes any ticket it accepts, so a request larger than any budget still runs, alone). A
   *guarded* class (:func:`guarded_classes`: longer than anything the replica's pool is built for) is taken
-  only while the replica has no pending work: a long prompt may use a latency replica with nothing else to
-  start, where its prefill is chunked under that pool's small step budget, one such prompt at a time, so it
-  stalls the streams decoding beside it by at most one step. Pool preference stays a preference, and no
-  replica idles while a ticket it accepts waits.
+  only by a replica that holds none of the work it is built for, and only while what it has not started
+  fits in one step (:func:`takes_guarded`): a latency replica with no short request of its own prefills
+  long prompts, chunked under its small step budget, and goes back to short work once they end. Pool
+  preference stays a preference, and no replica idles while a ticket it accepts waits.
 * **Scorer** (:func:`rank`, lower is better): a replica whose pool prefers the class first (a pool that
-  names no preference prefers all it accepts), then the least pending work (new work goes where it starts
-  soonest), the most free slots, the smallest id.
+  names no preference prefers all it accepts), then one holding no guarded work (short requests keep away
+  from the replicas prefilling long prompts, whose steps those prompts lengthen, while another replica can
+  take them), then the least pending work (new work goes where it starts soonest), the most free slots,
+  the smallest id.
 * **Picker** (:func:`choose_replica`): the best-ranked replica that passes the filter.
+
+So the latency pool splits itself by demand: the replicas serving short requests keep their steps short,
+and the rest prefill long prompts until short work needs them again.
 
 The gate (:mod:`policies.gate`) decides beforehand which replicas are open to the ticket's band.
 """
@@ -38,18 +43,25 @@ def prefers(replica: ReplicaCapacity, length_class: str) -> bool:
     return not replica.prefers or length_class in replica.prefers
 
 
+def takes_guarded(replica: ReplicaCapacity) -> bool:
+    """True when ``replica`` may take work of a class it guards: it holds none of the work its pool is built
+    for, and what it has not started fits in one step."""
+    return not replica.holds_own_work and pending(replica) <= replica.step_tokens
+
+
 def fits(replica: ReplicaCapacity, cost: int, length_class: str) -> bool:
     """Filter: True when ``replica`` may run a ticket of this cost and class."""
     if length_class not in replica.accepts:
         return False
-    if length_class in replica.guarded and pending(replica) > 0:
+    if length_class in replica.guarded and not takes_guarded(replica):
         return False
     return replica.tokens_free >= cost or replica.slots_free == replica.slots_total
 
 
-def rank(replica: ReplicaCapacity, length_class: str) -> tuple[bool, int, int, str]:
+def rank(replica: ReplicaCapacity, length_class: str) -> tuple[bool, bool, int, int, str]:
     """Scorer: the replica's rank for the class (lower is better)."""
-    return (not prefers(replica, length_class), pending(replica), -replica.slots_free, replica.replica_id)
+    return (not prefers(replica, length_class), replica.guarded_held > 0, pending(replica), -replica.slots_free,
+            replica.replica_id)
 
 
 def choose_replica(candidates: Iterable[ReplicaCapacity], cost: int, length_class: str) -> ReplicaCapacity | None:

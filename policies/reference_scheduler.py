@@ -24,52 +24,16 @@ band, so a tenant's next busy period starts its flows level.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from policies import fairness
 from policies.band_order import aging_cutoff, bands_in_order, may_age_into
 from policies.gate import is_stale, open_replicas
 from policies.ordering import Fifo
 from policies.placement import choose_replica
+from policies.scheduler_records import BandRecord, TenantFlows, TicketRecord
 from policies.types import (
     BandPolicy, CancelResult, CompleteResult, EngineSignals, EnqueueResult, Grant, ReplicaCapacity, RequeueResult,
     TicketSpec,
 )
-
-
-@dataclass
-class _Ticket:
-    spec: TicketSpec
-    band: str
-    entered_band_ms: int
-    lease_expires_ms: int
-    granted_to: str | None = None
-    granted_epoch: int = 0  # the registration of granted_to that took it (only that one gets capacity back)
-    granted_pool: str = ""
-    reserved_tokens: int = 0
-    charged_band: str = ""
-    acked: bool = False  # the granted replica said it received the request
-    credit: int = 0  # what the grant adds to its replica's in-flight tokens until acknowledged
-    position: int = 0  # in its flow's order (policies.ordering)
-    aging_stopped: bool = False  # it reached its ceiling: it ages no further in this band
-    flow: str = ""  # the flow it waits in (the one it asked for, or the overflow flow)
-
-
-@dataclass
-class _TenantFlows:
-    queues: dict[str, Fifo] = field(default_factory=dict)  # waiting flows -> their tickets
-    counters: dict[str, float] = field(default_factory=dict)  # flow -> service inside the tenant
-    queued: int = 0  # the tenant's waiting tickets in the band, and their tokens
-    queued_tokens: int = 0
-
-
-@dataclass
-class _BandState:
-    tenants: dict[str, _TenantFlows] = field(default_factory=dict)  # the active (waiting) tenants
-    counters: dict[str, float] = field(default_factory=dict)
-    virtual_time: float = 0.0
-    queued: int = 0
-    queued_tokens: int = 0
 
 
 class ReferenceScheduler:
@@ -81,8 +45,8 @@ class ReferenceScheduler:
             raise ValueError("at least one band is required")
         self.bands = list(bands)
         self._band_index = {band.name: index for index, band in enumerate(self.bands)}
-        self._state = {band.name: _BandState() for band in self.bands}
-        self.tickets: dict[str, _Ticket] = {}
+        self._state = {band.name: BandRecord() for band in self.bands}
+        self.tickets: dict[str, TicketRecord] = {}
         self.replicas: dict[str, ReplicaCapacity] = {}
         self.served: dict[str, int] = {}  # tokens charged per tenant at completion
         self.max_grants_per_dispatch = max_grants_per_dispatch
@@ -111,7 +75,7 @@ class ReferenceScheduler:
         known = self.replicas.get(capacity.replica_id)
         if known is None:
             capacity.slots_free, capacity.tokens_free = capacity.slots_total, capacity.tokens_total
-            capacity.in_flight = capacity.in_flight_tokens = 0
+            capacity.in_flight = capacity.in_flight_tokens = capacity.guarded_held = 0
             self._registrations += 1
             self._epochs[capacity.replica_id] = self._registrations
             self.replicas[capacity.replica_id] = capacity
@@ -248,22 +212,22 @@ class ReferenceScheduler:
             return "queue_full"
         if state.queued_tokens + spec.cost > band.max_queued_tokens:
             return "queue_tokens_full"
-        mine = state.tenants.get(spec.tenant) or _TenantFlows()
+        mine = state.tenants.get(spec.tenant) or TenantFlows()
         if (mine.queued >= band.tenant_share * band.max_queued
                 or mine.queued_tokens + spec.cost > band.tenant_share * band.max_queued_tokens):
             return "tenant_queue_full"
-        ticket = _Ticket(spec=spec, band=spec.band, entered_band_ms=now_ms, lease_expires_ms=now_ms + lease_ms)
+        ticket = TicketRecord(spec=spec, band=spec.band, entered_band_ms=now_ms, lease_expires_ms=now_ms + lease_ms)
         self.tickets[spec.ticket_id] = ticket
         self._push(ticket, spec.band, now_ms, at_head=False)
         return "admitted"
 
-    def _push(self, ticket: _Ticket, band: str, now_ms: int, at_head: bool) -> None:
+    def _push(self, ticket: TicketRecord, band: str, now_ms: int, at_head: bool) -> None:
         state = self._state[band]
         tenant = ticket.spec.tenant
         if tenant not in state.tenants:
             active = [state.counters[t] for t in state.tenants]
             state.counters[tenant] = fairness.lifted(state.counters.get(tenant, 0.0), active, state.virtual_time)
-            state.tenants[tenant] = _TenantFlows()
+            state.tenants[tenant] = TenantFlows()
         flows = state.tenants[tenant]
         flow = ticket.flow = fairness.flow_of(ticket.spec.flow, flows.queues, self.max_flows)
         if flow not in flows.queues:
@@ -279,7 +243,7 @@ class ReferenceScheduler:
         state.queued += 1
         state.queued_tokens += ticket.spec.cost
 
-    def _remove_waiting(self, ticket: _Ticket) -> None:
+    def _remove_waiting(self, ticket: TicketRecord) -> None:
         state = self._state[ticket.band]
         flows = state.tenants[ticket.spec.tenant]
         emptied = flows.queues[ticket.flow].remove(ticket.spec.ticket_id, ticket.spec.length_class)
@@ -293,10 +257,10 @@ class ReferenceScheduler:
             if not flows.queues:  # the tenant's last waiting ticket: its flow counters go too
                 del state.tenants[ticket.spec.tenant]
 
-    def _same_registration(self, ticket: _Ticket) -> bool:
+    def _same_registration(self, ticket: TicketRecord) -> bool:
         return ticket.granted_to in self.replicas and self._epochs[ticket.granted_to] == ticket.granted_epoch
 
-    def _release(self, ticket: _Ticket) -> None:
+    def _release(self, ticket: TicketRecord) -> None:
         replica = self.replicas.get(ticket.granted_to or "")
         if replica is not None and self._same_registration(ticket):
             replica.slots_free = min(replica.slots_total, replica.slots_free + 1)
@@ -304,14 +268,16 @@ class ReferenceScheduler:
             if not ticket.acked:  # it never arrived (or arrived unreported): its credit ends here
                 replica.in_flight -= 1
                 replica.in_flight_tokens -= ticket.credit
+            if ticket.guarded:
+                replica.guarded_held -= 1
         ticket.reserved_tokens = 0
-        ticket.acked = False
+        ticket.acked = ticket.guarded = False
 
     def _charge(self, band: str, tenant: str, amount: float) -> None:
         state = self._state[band]
         state.counters[tenant] = state.counters.get(tenant, 0.0) + amount
 
-    def _charge_flow(self, band: str, ticket: _Ticket, amount: float) -> None:
+    def _charge_flow(self, band: str, ticket: TicketRecord, amount: float) -> None:
         flows = self._state[band].tenants.get(ticket.spec.tenant)
         if flows is not None and ticket.flow in flows.queues:  # an idle flow's counter was dropped: nothing to do
             flows.counters[ticket.flow] += amount
@@ -382,7 +348,7 @@ class ReferenceScheduler:
                             return self._grant(ticket, replica, state)
         return None
 
-    def _grant(self, ticket: _Ticket, replica: ReplicaCapacity, state: _BandState) -> Grant:
+    def _grant(self, ticket: TicketRecord, replica: ReplicaCapacity, state: BandRecord) -> Grant:
         tenant = ticket.spec.tenant
         self._charge_flow(ticket.band, ticket, ticket.spec.cost)  # while the flow still waits
         self._remove_waiting(ticket)
@@ -394,6 +360,8 @@ class ReferenceScheduler:
         ticket.credit = replica.step_share(ticket.spec.prefill_tokens)
         replica.in_flight += 1
         replica.in_flight_tokens += ticket.credit
+        ticket.guarded = ticket.spec.length_class in replica.guarded
+        replica.guarded_held += ticket.guarded
         ticket.granted_to, ticket.reserved_tokens, ticket.charged_band = replica.replica_id, reserved, ticket.band
         ticket.granted_pool, ticket.granted_epoch = replica.pool, self._epochs[replica.replica_id]
         return Grant(ticket.spec.ticket_id, replica.replica_id, ticket.band, tenant, replica.pool)

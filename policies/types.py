@@ -100,7 +100,7 @@ class ReplicaCapacity:
     whole budget). ``signals`` are its engine's last report and ``fresh`` whether that report is current;
     ``in_flight`` counts grants to it that it has not acknowledged yet and ``in_flight_tokens`` their prompt
     tokens, each up to the chunk (the credit that covers the time between a grant and the report that
-    includes it).
+    includes it). ``guarded_held`` counts the grants of guarded classes it holds (granted, not yet ended).
     """
 
     replica_id: str
@@ -120,6 +120,12 @@ class ReplicaCapacity:
     fresh: bool = False
     in_flight: int = 0
     in_flight_tokens: int = 0
+    guarded_held: int = 0
+
+    @property
+    def holds_own_work(self) -> bool:
+        """True while it holds a grant of a class it does not guard (one its pool is built for)."""
+        return self.slots_total - self.slots_free > self.guarded_held
 
     def step_share(self, prompt_tokens: int) -> int:
         """What a prompt weighs in this replica's pending work: its tokens, up to the prefill chunk."""

@@ -55,12 +55,13 @@ local function release(t)
     if not t.acked then
       r.in_flight, r.in_flight_tokens = r.in_flight - 1, r.in_flight_tokens - t.credit
     end
+    if t.guarded then r.guarded_held = r.guarded_held - 1 end
     redis.call("HSET", k_replica(r.id), "slots_free", r.slots_free, "tokens_free", r.tokens_free,
-      "in_flight", r.in_flight, "in_flight_tokens", r.in_flight_tokens)
+      "in_flight", r.in_flight, "in_flight_tokens", r.in_flight_tokens, "guarded_held", r.guarded_held)
     index_replica(r.id, r)
   end
-  redis.call("HSET", k_ticket(t.id), "reserved", 0, "acked", 0)
-  t.reserved, t.acked = 0, false
+  redis.call("HSET", k_ticket(t.id), "reserved", 0, "acked", 0, "guarded", 0)
+  t.reserved, t.acked, t.guarded = 0, false, false
 end
 
 local function reap()
@@ -124,12 +125,14 @@ local function place(t, r)
   local credit = math.min(t.prompt, chunk)  -- the grant's share of a step, until acknowledged
   s.slots_free, s.tokens_free = s.slots_free - 1, s.tokens_free - reserved
   s.in_flight, s.in_flight_tokens = s.in_flight + 1, s.in_flight_tokens + credit
+  local guarded = r.guarded[t.class] == true  -- counted in the replica's guarded work until it ends
+  if guarded then s.guarded_held = s.guarded_held + 1 end
   redis.call("HSET", k_replica(r.id), "slots_free", s.slots_free, "tokens_free", s.tokens_free,
-    "in_flight", s.in_flight, "in_flight_tokens", s.in_flight_tokens)
+    "in_flight", s.in_flight, "in_flight_tokens", s.in_flight_tokens, "guarded_held", s.guarded_held)
   index_replica(r.id, s)
   local pool = s.pool
   redis.call("HSET", k_ticket(t.id), "granted_to", r.id, "granted_pool", pool, "reserved", reserved,
-    "charged_band", t.band, "acked", 0, "credit", credit, "granted_epoch", s.epoch)
+    "charged_band", t.band, "acked", 0, "credit", credit, "granted_epoch", s.epoch, "guarded", guarded and 1 or 0)
   redis.call("HINCRBY", K_STATS, "granted", 1)
   if t.owner ~= "" and t.id ~= INLINE_TICKET then  -- the caller of this step gets its own grant inline
     local message = cjson.encode({ticket_id = t.id, replica_id = r.id, band = t.band, tenant = t.tenant,

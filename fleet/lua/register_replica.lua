@@ -25,7 +25,7 @@ if redis.call("EXISTS", key) == 1 then
 else  -- a new registration (first, or after a lapse or a deregistration): its own epoch, so grants made to
   -- an earlier one return nothing to it
   local epoch = redis.call("HINCRBY", K_STATS, "replicas_registered", 1)
-  redis.call("HSET", key, "in_flight", 0, "in_flight_tokens", 0, "fresh", 0, "epoch", epoch)
+  redis.call("HSET", key, "in_flight", 0, "in_flight_tokens", 0, "guarded_held", 0, "fresh", 0, "epoch", epoch)
 end
 if joins_group then redis.call("HINCRBY", K_GROUPS, group, 1) end
 redis.call("HSET", key, "slots_total", p.slots_total, "tokens_total", p.tokens_total, "accepts", accepts,

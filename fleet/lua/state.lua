@@ -74,6 +74,7 @@ local function k_wait(band) return F.wait .. band end
 local function k_replica(id) return F.replica .. id end
 local function k_inbox(owner) return F.inbox .. owner end
 local function k_replica_index(group, band) return F.replica_index .. group .. ":" .. band end
+local function k_guarded_index(group, band) return F.guarded_index .. group .. ":" .. band end
 local function k_tenant_index(band, class) return F.tenant_index .. band .. ":" .. class end
 local function k_class_flows(band, tenant, class) return F.class_flows .. band .. ":" .. tenant .. "|" .. class end
 
@@ -94,13 +95,13 @@ local TOKENS_LIMIT = 4294967296  -- 2^32
 local function ticket_fields(id)
   local f = redis.call("HMGET", k_ticket(id), "tenant", "band", "cost", "weight", "class", "owner",
     "granted_to", "reserved", "charged_band", "flow", "rpm", "tpm", "acked", "position", "prompt", "credit",
-    "ceiling", "asked_flow", "granted_epoch")
+    "ceiling", "asked_flow", "granted_epoch", "guarded")
   if not f[1] then return nil end
   return {id = id, tenant = f[1], band = f[2], cost = tonumber(f[3]), weight = tonumber(f[4]), class = f[5],
     owner = f[6], granted_to = f[7] or "", reserved = tonumber(f[8] or "0"), charged_band = f[9] or "",
     flow = f[10] or "", rpm = tonumber(f[11] or ""), tpm = tonumber(f[12] or ""), acked = f[13] == "1",
     position = tonumber(f[14] or "0"), prompt = tonumber(f[15] or f[3]), credit = tonumber(f[16] or "0"),
-    ceiling = f[17] or "", asked_flow = f[18] or f[10] or "", granted_epoch = f[19] or ""}
+    ceiling = f[17] or "", asked_flow = f[18] or f[10] or "", granted_epoch = f[19] or "", guarded = f[20] == "1"}
 end
 
 -- the length classes tickets have had (read once per call, kept current by add_class)

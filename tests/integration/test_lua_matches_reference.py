@@ -58,9 +58,16 @@ def _signals(rng: random.Random) -> EngineSignals:
                          kv_usage=rng.choice([0.0, 0.3, 0.6, 0.85, 0.95, 0.99]), received=rng.randint(0, 99))
 
 
-def _replica(rng: random.Random, replica_id: str, uniform: bool) -> ReplicaCapacity:
-    if uniform:  # identical replicas: every placement is decided by the tie-break
+def _replica(rng: random.Random, replica_id: str, fleet: str) -> ReplicaCapacity:
+    if fleet == "identical":  # every placement is decided by the tie-break
         return ReplicaCapacity(replica_id, slots_total=3, tokens_total=600, step_tokens=200)
+    if fleet == "pools":  # a latency pool that guards long prompts beside a throughput pool built for them
+        latency = rng.random() < 0.6
+        prefers = frozenset({"short"} if latency else {"long"})
+        return ReplicaCapacity(replica_id, slots_total=rng.randint(2, 4), tokens_total=rng.choice([600, 1500]),
+                               prefers=prefers, pool="latency" if latency else "throughput",
+                               guarded=guarded_classes({"short", "long"}, prefers, ["short", "long"]),
+                               step_tokens=rng.choice([100, 200]), prefill_chunk=rng.choice([0, 50]))
     accepts = rng.choice([frozenset({"short", "long"}), frozenset({"short"}), frozenset({"long"})])
     prefers = frozenset(c for c in accepts if rng.random() < 0.4)
     # few distinct sizes, so placement ties (and their tie-break) happen often
@@ -85,25 +92,25 @@ def _state_matches(lua: Any, ref: ReferenceScheduler, now: int) -> int:
             for flow in [*FLOWS, "~"]:
                 want = ref.flow_counter(band.name, tenant, flow)
                 assert flows.get(flow, None if want is None else 0.0) == want, (band.name, tenant, flow)
-    lua_replicas = {r.replica_id: (r.slots_free, r.tokens_free, r.in_flight, r.in_flight_tokens, r.fresh)
-                    for r in snapshot.replicas}
-    assert lua_replicas == {r.replica_id: (r.slots_free, r.tokens_free, r.in_flight, r.in_flight_tokens, r.fresh)
-                            for r in ref.replicas.values()}
+    lua_replicas = {r.replica_id: (r.slots_free, r.tokens_free, r.in_flight, r.in_flight_tokens, r.fresh,
+                                   r.guarded_held) for r in snapshot.replicas}
+    assert lua_replicas == {r.replica_id: (r.slots_free, r.tokens_free, r.in_flight, r.in_flight_tokens, r.fresh,
+                                           r.guarded_held) for r in ref.replicas.values()}
     assert snapshot.tickets == len(ref.tickets)
     assert snapshot.served == ref.served
     return sum(1 for r in snapshot.replicas if r.fresh and r.slots_free > 0 and len(r.open_bands) < len(BANDS))
 
 
-@pytest.mark.parametrize("uniform", [False, True], ids=["mixed-replicas", "identical-replicas"])
+@pytest.mark.parametrize("fleet", ["mixed", "identical", "pools"], ids=lambda fleet: f"{fleet}-replicas")
 @pytest.mark.parametrize("seed", range(14))
-def test_random_workload_same_decisions(redis_url: str, seed: int, uniform: bool) -> None:
+def test_random_workload_same_decisions(redis_url: str, seed: int, fleet: str) -> None:
     rng = random.Random(seed)
     lua, ref = _queues(redis_url)
     now = 1_000_000
     granted: list[str] = []
     waiting: list[str] = []
     replica_ids = [f"replica-{i}" for i in range(3)]
-    decisions = gated = 0
+    decisions = gated = guarded = 0
 
     for step in range(260):
         now += rng.choice([0, 0, 5, 20, 80, 250])
@@ -126,7 +133,7 @@ def test_random_workload_same_decisions(redis_url: str, seed: int, uniform: bool
             outcome = lua.deregister_replica(replica_id, now)
             assert outcome == ref.deregister_replica(replica_id, now)
         elif op < 0.52:
-            replica = _replica(rng, rng.choice(replica_ids), uniform)
+            replica = _replica(rng, rng.choice(replica_ids), fleet)
             outcome = lua.register_replica(replica, LEASE_MS, now)
             assert outcome == ref.register_replica(replica, now, LEASE_MS)
         elif op < 0.64 or step % 40 == 39:  # a replica reports; it acknowledges some grants (its own, others',
@@ -165,6 +172,7 @@ def test_random_workload_same_decisions(redis_url: str, seed: int, uniform: bool
             assert outcome == ref.expire(now)
         for grant in outcome:
             decisions += 1
+            guarded += ref.tickets[grant.ticket_id].guarded if grant.ticket_id in ref.tickets else 0
             if grant.ticket_id in waiting:
                 waiting.remove(grant.ticket_id)
             granted.append(grant.ticket_id)
@@ -173,3 +181,5 @@ def test_random_workload_same_decisions(redis_url: str, seed: int, uniform: bool
         gated += _state_matches(lua, ref, now)
     assert decisions > 20, "the workload should exercise dispatch"
     assert gated > 0, "the workload should exercise the gate's signal limits"
+    if fleet == "pools":
+        assert guarded > 0, "the workload should put long prompts on latency replicas"

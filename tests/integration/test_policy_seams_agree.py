@@ -34,7 +34,7 @@ for _, p in ipairs(PAYLOAD.replicas) do
   redis.call("HSET", k_replica(p.id), "slots_total", p.slots_total, "tokens_total", p.tokens_total,
     "pool", p.pool, "group", group, "slots_free", p.slots_free, "tokens_free", p.tokens_free,
     "in_flight_tokens", p.in_flight, "unstarted_tokens", p.unstarted, "kv", num(p.kv), "fresh", p.fresh and 1 or 0,
-    "step_tokens", p.step_tokens)
+    "step_tokens", p.step_tokens, "guarded_held", p.guarded_held)
   redis.call("HINCRBY", K_GROUPS, group, 1)
   index_replica(p.id)
   local bands = {}
@@ -61,9 +61,11 @@ def _replica(rng: random.Random, index: int) -> ReplicaCapacity:
     tokens = rng.choice([300, 600, 1500])
     signals = EngineSignals(unstarted_tokens=rng.choice([0, 0, 100, 300, 700]), kv_usage=rng.choice([0.1, 0.5, 0.8, 0.97]))
     preferred = frozenset(c for c in accepts if rng.random() < 0.4)
+    guarded = guarded_classes(accepts, preferred, ["short", "long"])
+    slots_free = rng.randint(0, slots)
     return ReplicaCapacity(f"r{index}", slots, tokens, accepts=accepts, pool=rng.choice(["a", "b"]),
-                           prefers=preferred, guarded=guarded_classes(accepts, preferred, ["short", "long"]),
-                           slots_free=rng.randint(0, slots), tokens_free=rng.randint(0, tokens),
+                           prefers=preferred, guarded=guarded, guarded_held=rng.randint(0, slots - slots_free) if guarded else 0,
+                           slots_free=slots_free, tokens_free=rng.randint(0, tokens),
                            signals=signals, fresh=rng.random() < 0.7, in_flight_tokens=rng.choice([0, 0, 50, 200]),
                            step_tokens=rng.choice([100, 250]))
 
@@ -81,7 +83,7 @@ def test_gate_placement_and_band_order_agree(redis_url: str, seed: int) -> None:
          "tokens_free": r.tokens_free, "accepts": sorted(r.accepts), "prefers": sorted(r.prefers), "pool": r.pool,
          "guarded": sorted(r.guarded),
          "in_flight": r.in_flight_tokens, "unstarted": r.signals.unstarted_tokens, "kv": r.signals.kv_usage,
-         "fresh": r.fresh, "step_tokens": r.step_tokens}
+         "fresh": r.fresh, "step_tokens": r.step_tokens, "guarded_held": r.guarded_held}
         for r in replicas]}
     now = 1_000_000
     client = redis.Redis.from_url(redis_url)

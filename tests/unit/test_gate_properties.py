@@ -6,8 +6,9 @@
   was granted plus one ticket.
 * Work conservation: after every call, no waiting ticket could be placed on any replica the gate leaves
   open to its band (dispatch stops only when nothing more fits).
-* A guarded class (longer than a replica's pool is built for) goes there only while the replica has nothing
-  pending: a long prompt never lands on a latency replica that is already starting other work.
+* A guarded class (longer than a replica's pool is built for) goes there only while the replica holds none of
+  the work it is built for and what it has not started fits in one step: a long prompt never lands on a
+  latency replica that is serving short requests.
 * Late reports cannot overshoot: grants count as in flight until acknowledged, so however many grants a
   replica gets between two reports, its pending work never passes the top band's limit.
 * Stale signals fall back to the concurrency cap: dispatch continues, bounded by slots.
@@ -21,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.gate import gate_open, pending
-from policies.placement import fits
+from policies.placement import fits, takes_guarded
 from policies.reference_scheduler import ReferenceScheduler
 from policies.types import BandPolicy, EngineSignals, ReplicaCapacity, TicketSpec
 
@@ -122,11 +123,12 @@ def test_work_conserving_no_open_replica_idles_while_a_ticket_it_can_run_waits(o
 
 @settings(max_examples=300, deadline=None)
 @given(ops=operations)
-def test_guarded_class_only_on_a_replica_with_nothing_pending(ops) -> None:
+def test_guarded_class_only_on_a_replica_holding_none_of_its_own_work(ops) -> None:
     def check(scheduler: ReferenceScheduler, grants, before) -> None:
-        # grants come last in a call, each adding its work to its replica's pending work (its prompt tokens up
-        # to the replica's chunk with current signals, its reserve with stale ones): a grant met pending work of (pending after the
-        # call) minus what it and the later grants to its replica added
+        # grants come last in a call, each adding its work to its replica: what a grant met is (the state after
+        # the call) minus what it and the later grants to its replica added (prompt tokens up to the chunk with
+        # current signals, the reserve with stale ones; a grant of a class the replica does not guard is its
+        # own work)
         def added(grant) -> int:
             ticket = scheduler.tickets[grant.ticket_id]
             return ticket.credit if scheduler.replicas[grant.replica_id].fresh else ticket.reserved_tokens
@@ -134,8 +136,23 @@ def test_guarded_class_only_on_a_replica_with_nothing_pending(ops) -> None:
         for index, grant in enumerate(grants):
             replica = scheduler.replicas[grant.replica_id]
             if scheduler.tickets[grant.ticket_id].spec.length_class in replica.guarded:
-                later = sum(added(g) for g in grants[index:] if g.replica_id == grant.replica_id)
-                assert pending(replica) - later == 0, grants
+                later = [g for g in grants[index:] if g.replica_id == grant.replica_id]
+                own_later = sum(not scheduler.tickets[g.ticket_id].guarded for g in later)
+                own_then = replica.slots_total - replica.slots_free - replica.guarded_held - own_later
+                assert own_then == 0, grants
+                assert pending(replica) - sum(added(g) for g in later) <= replica.step_tokens, grants
+
+    _run(ops, check)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=operations)
+def test_guarded_held_counts_the_guarded_grants_a_replica_holds(ops) -> None:
+    def check(scheduler: ReferenceScheduler, grants, before) -> None:
+        for replica in scheduler.replicas.values():
+            held = [t for t in scheduler.tickets.values() if t.granted_to == replica.replica_id]
+            assert replica.guarded_held == sum(t.spec.length_class in replica.guarded for t in held)
+            assert replica.slots_total - replica.slots_free == len(held)
 
     _run(ops, check)
 
@@ -176,7 +193,7 @@ def test_lower_bands_close_first_and_the_top_band_keeps_headroom() -> None:
     assert [g.ticket_id for g in scheduler.enqueue(TicketSpec("i", "a", "interactive", 10), 1, LEASE).grants] == ["i"]
 
 
-def test_a_long_prompt_uses_an_idle_latency_replica_one_at_a_time() -> None:
+def test_a_latency_replica_prefills_long_prompts_only_while_it_holds_no_short_work() -> None:
     scheduler = ReferenceScheduler(BANDS, signal_stale_ms=STALE_MS)
     latency, throughput = _fleet()[0], _fleet()[2]
     for replica in (latency, throughput):
@@ -185,7 +202,30 @@ def test_a_long_prompt_uses_an_idle_latency_replica_one_at_a_time() -> None:
     scheduler.report_signals(throughput.replica_id, EngineSignals(unstarted_tokens=5000), [], 0)  # busy
     grants = [g for i in range(3) for g in scheduler.enqueue(TicketSpec(f"l{i}", "a", "batch", 500, 1.0, "long"),
                                                               1, LEASE).grants]
-    assert [(g.ticket_id, g.replica_id) for g in grants] == [("l0", latency.replica_id)]
-    # a short one still goes to the latency replica, beside the long prefill
+    # one step (400 tokens) of its own: l0 fills it (400 pending), l1 fits while that fits, l2 waits
+    assert [(g.ticket_id, g.replica_id) for g in grants] == [("l0", "lat0"), ("l1", "lat0")]
+    assert takes_guarded(scheduler.replicas["lat0"]) is False
+    # a short one still goes to the latency replica, beside the long prefills, when no other can take it
     short = scheduler.enqueue(TicketSpec("s", "b", "interactive", 50), 1, LEASE).grants
-    assert [(g.ticket_id, g.replica_id) for g in short] == [("s", latency.replica_id)]
+    assert [(g.ticket_id, g.replica_id) for g in short] == [("s", "lat0")]
+    # the long prefills end; while the short one runs there, no long one goes back
+    scheduler.report_signals("lat0", EngineSignals(), ["l0", "l1", "s"], 2)
+    scheduler.complete("l0", 500, 3)
+    assert scheduler.complete("l1", 500, 3).grants == []
+    assert scheduler.tickets["l2"].granted_to is None
+    # once it holds no short work, it takes the waiting long prompt
+    assert [(g.ticket_id, g.replica_id) for g in scheduler.complete("s", 60, 4).grants] == [("l2", "lat0")]
+
+
+def test_short_requests_keep_away_from_a_replica_prefilling_long_prompts() -> None:
+    scheduler = ReferenceScheduler(BANDS, signal_stale_ms=STALE_MS)
+    first, second = _fleet()[:2]
+    for replica in (first, second):
+        scheduler.register_replica(replica, 0, LEASE)
+        scheduler.report_signals(replica.replica_id, EngineSignals(), [], 0)
+    assert [g.replica_id for g in scheduler.enqueue(TicketSpec("l", "a", "batch", 300, 1.0, "long"), 1, LEASE).grants] == ["lat0"]
+    scheduler.report_signals("lat0", EngineSignals(unstarted_tokens=300), ["l"], 2)
+    scheduler.report_signals("lat1", EngineSignals(unstarted_tokens=350), [], 2)  # more pending, but no long prefill
+    assert [g.replica_id for g in scheduler.enqueue(TicketSpec("s", "b", "interactive", 50), 3, LEASE).grants] == ["lat1"]
+    # and lat1, now holding short work, takes no long prompt: the next one joins lat0 (its 300 pending fit a step)
+    assert [g.replica_id for g in scheduler.enqueue(TicketSpec("l2", "a", "batch", 300, 1.0, "long"), 4, LEASE).grants] == ["lat0"]
