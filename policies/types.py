@@ -92,8 +92,8 @@ class ReplicaCapacity:
 
     ``accepts`` are the length classes it may run at all; ``prefers`` those its pool is built for
     (placement tries preferring replicas first and spills over to the others); ``guarded`` those of its
-    accepted classes it runs only while it has nothing else to start (longer than it is built for:
-    :func:`policies.placement.guarded_classes`).
+    accepted classes it runs only while it holds none of the work it is built for (longer than it is built
+    for: :func:`policies.placement.guarded_classes`).
 
     ``step_tokens`` is its engine's token budget per step (``max_num_batched_tokens``) and ``prefill_chunk``
     the most prompt tokens one request may take of a step (vLLM's ``long_prefill_token_threshold``; 0: the
