@@ -1,7 +1,7 @@
 """The ledger check every end-to-end and fault test ends with: nothing lost, nothing held, charged once.
 
 After a test: no ticket is left in the global queue; every replica's free capacity is back to what it
-registered; every grant ended exactly once (completed, requeued or expired with its holder);
+registered (no grant in flight, no guarded work held); every grant ended exactly once (completed, requeued or expired with its holder);
 and each tenant was charged exactly the tokens its clients saw served (when the test knows them).
 """
 
@@ -53,7 +53,7 @@ def _quiet(state: QueueSnapshot, expected_replicas: int) -> bool:
     # a replica whose heartbeat was late on a loaded machine re-registers within a third of its lease; no
     # grant is left in flight (every one was acknowledged or ended)
     return state.tickets == 0 and len(state.replicas) == expected_replicas and all(
-        r.idle and r.in_flight == 0 and r.in_flight_tokens == 0 for r in state.replicas)
+        r.idle and r.in_flight == 0 and r.in_flight_tokens == 0 and r.guarded_held == 0 for r in state.replicas)
 
 
 def assert_ledger_balanced(redis_url: str, replicas: int, *, namespace: str = "local",
