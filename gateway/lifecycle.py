@@ -10,6 +10,7 @@ streamed response is done with, even one that never started.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import logging
 import time
@@ -54,6 +55,7 @@ class RequestLifecycle:
         self._isolate_cache = access.config.isolate_prefix_cache
         self._access, self._classifier, self._admission = access, classifier, admission
         self._pools, self._metrics, self._clock = pools, metrics, clock
+        self._settling: set[asyncio.Task[None]] = set()  # requests settling apart (their clients left)
 
     async def handle(self, request: Request, endpoint: Endpoint) -> Response:
         """Answer one completion request (the errors a client can see are raised as GatewayError)."""
@@ -102,14 +104,14 @@ class RequestLifecycle:
                                  stages: Stages) -> Response:
         settlement = Settlement(self._metrics, admission.tenant.id, admission.decision.band, admission.arrived,
                                 place, self._clock)
-        served, streaming, at_engine = 0, False, [False]
+        served, streaming, at_engine, apart = 0, False, [False], False
         try:
             try:
                 header, replies = await self._forward(admission.parsed, place, at_engine)
             except asyncio.CancelledError:
-                if at_engine[0]:  # the estimate stands if this is cut short too: work that ran is never refunded
-                    served = admission.size.cost
-                    served = await self._served_after_client_left(place, admission.size)
+                if at_engine[0]:  # work that ran is never refunded: charged what the engine did, apart
+                    apart = True
+                    await self._settle_apart(settlement, place, admission.size)
                 raise
             if header["status"] != 200:
                 raise from_vllm_error(header["status"], header["body"])
@@ -131,7 +133,7 @@ class RequestLifecycle:
             streaming = True
             return SettlingStreamingResponse(relay_lines(replies, usage), on_exit, headers)
         finally:
-            if not streaming:
+            if not streaming and not apart:
                 await settlement.settle(served)
 
     async def _forward(self, parsed: ParsedRequest, place: Admitted,
@@ -156,6 +158,19 @@ class RequestLifecycle:
                 return header, replies
             at_engine[0] = False
             await place.requeue()
+
+    async def _settle_apart(self, settlement: Settlement, place: Admitted, size: Classification) -> None:
+        """The client left while a replica held its request: ask what its engine served and settle, in a task
+        of its own, outside the cancelled request. Ray Serve cancels the handle calls a cancelled request makes
+        (so the ask runs in a fresh context, not as that request's child), and it may cancel the request again
+        while it waits (the task goes on and settles)."""
+        async def ask_then_settle() -> None:
+            await settlement.settle(await self._served_after_client_left(place, size))
+
+        task = asyncio.get_running_loop().create_task(ask_then_settle(), context=contextvars.Context())
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+        await asyncio.shield(task)
 
     async def _served_after_client_left(self, place: Admitted, size: Classification) -> int:
         """The client left while a replica held its request (Ray Serve cancels the replica's call with the
