@@ -10,7 +10,8 @@ with room. Measured here:
 * round trips per request (INFO commandstats), with and without a rate-limited tenant;
 * Redis CPU per request (the scripts' own time from INFO commandstats, and the server's CPU from INFO cpu)
   with R replicas registered (16, 64, 256) and W tenants waiting whose next ticket cannot be placed (0,
-  1,000): what dispatch costs as the fleet and the backlog grow;
+  1,000): what dispatch costs as the fleet and the backlog grow; and with R replicas split into a latency
+  pool that guards long prompts and a throughput pool (the guarded index kept on every grant and release);
 * grants/s from several client processes (so that Redis, not one Python process, is the limit), and the
   admit latency at a paced 2,000 requests/s, with 64 replicas;
 * the longest single call (SLOWLOG) in bulk cases: a dead gateway's 5,000 tickets reaped, 5,064 leases
@@ -60,13 +61,25 @@ def _queue(url: str, namespace: str) -> GlobalQueue:
     return GlobalQueue(_client(url), QueueKeys(namespace=namespace), QueueSettings(BANDS, lease_ms=3_600_000))
 
 
-async def _fleet(url: str, namespace: str, replicas: int, waiting_tenants: int = 0, slots: int = 4096) -> None:
+def _replica(index: int, slots: int, pooled: bool) -> ReplicaCapacity:
+    """A replica for short prompts; ``pooled``: every other one a latency replica that guards long prompts,
+    the rest throughput replicas built for them (deploy/gpu.yaml's pools)."""
+    if not pooled:
+        return ReplicaCapacity(f"r{index:03d}", slots, 10**9, accepts=frozenset({"short"}))
+    latency = index % 2 == 0
+    return ReplicaCapacity(f"r{index:03d}", slots, 10**9, accepts=frozenset({"short", "long"}),
+                           pool="latency" if latency else "throughput",
+                           prefers=frozenset({"short" if latency else "long"}),
+                           guarded=frozenset({"long"}) if latency else frozenset(), step_tokens=1024)
+
+
+async def _fleet(url: str, namespace: str, replicas: int, waiting_tenants: int = 0, slots: int = 4096,
+                 pooled: bool = False) -> None:
     """``replicas`` replicas for short prompts with room, and ``waiting_tenants`` tenants each waiting with a
     long ticket for the one long-prompt replica, which is full."""
     queue = _queue(url, namespace)
     for index in range(replicas):
-        await queue.register_replica(ReplicaCapacity(f"r{index:03d}", slots, 10**9, accepts=frozenset({"short"})),
-                                     lease_ms=3_600_000)
+        await queue.register_replica(_replica(index, slots, pooled), lease_ms=3_600_000)
     await queue.register_replica(ReplicaCapacity("long", 1, 10**9, accepts=frozenset({"long"})), lease_ms=3_600_000)
     await queue.enqueue(TicketSpec("holder", "holder", "standard", 100, length_class="long"))
     for index in range(waiting_tenants):
@@ -97,10 +110,11 @@ async def _sequential(url: str, namespace: str, requests: int, limits: Any = Non
     return samples
 
 
-def redis_cost(url: str, replicas: int, waiting_tenants: int, requests: int) -> dict[str, float]:
-    """Redis time per request (enqueue + complete) with this many replicas and unplaceable waiting tenants."""
-    namespace = f"cost-{replicas}-{waiting_tenants}"
-    asyncio.run(_fleet(url, namespace, replicas, waiting_tenants))
+def redis_cost(url: str, replicas: int, waiting_tenants: int, requests: int, pooled: bool = False) -> dict[str, float]:
+    """Redis time per request (enqueue + complete) with this many replicas and unplaceable waiting tenants
+    (``pooled``: half of them latency replicas that keep a guarded index)."""
+    namespace = f"cost-{replicas}-{waiting_tenants}{'-pooled' if pooled else ''}"
+    asyncio.run(_fleet(url, namespace, replicas, waiting_tenants, pooled=pooled))
     client = redis.Redis.from_url(url)
     client.config_resetstat()
     cpu_before = _server_cpu_s(client)
@@ -108,7 +122,7 @@ def redis_cost(url: str, replicas: int, waiting_tenants: int, requests: int) -> 
     cpu = _server_cpu_s(client) - cpu_before
     stats = _commandstats(client)
     script_us = stats.get("evalsha", {}).get("usec", 0) + stats.get("eval", {}).get("usec", 0)
-    return {"replicas": replicas, "waiting_tenants": waiting_tenants, "requests": requests,
+    return {"replicas": replicas, "waiting_tenants": waiting_tenants, "pooled": pooled, "requests": requests,
             "script_us_per_request": script_us / requests, "server_cpu_us_per_request": cpu * 1e6 / requests,
             "path_p50_ms": statistics.median(samples), "path_p99_ms": _percentile(samples, 0.99)}
 
@@ -262,6 +276,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work, running_redis(Path(work)) as url:
         results: dict[str, Any] = {"round_trips": round_trips(url, 300)}
         results["redis_cost"] = [redis_cost(url, r, w, args.requests) for r in (16, 64, 256) for w in (0, 1000)]
+        results["redis_cost"] += [redis_cost(url, r, 0, args.requests, pooled=True) for r in (16, 64, 256)]
         results["bulk_calls"] = bulk_calls(url)
         client = redis.Redis.from_url(url)
         client.slowlog_reset()
