@@ -110,7 +110,8 @@ async def _sequential(url: str, namespace: str, requests: int, limits: Any = Non
     return samples
 
 
-def redis_cost(url: str, replicas: int, waiting_tenants: int, requests: int, pooled: bool = False) -> dict[str, float]:
+def redis_cost(url: str, replicas: int, waiting_tenants: int, requests: int,
+               pooled: bool = False) -> dict[str, float]:
     """Redis time per request (enqueue + complete) with this many replicas and unplaceable waiting tenants
     (``pooled``: half of them latency replicas that keep a guarded index)."""
     namespace = f"cost-{replicas}-{waiting_tenants}{'-pooled' if pooled else ''}"

@@ -64,7 +64,8 @@ def _replica(rng: random.Random, index: int) -> ReplicaCapacity:
     guarded = guarded_classes(accepts, preferred, ["short", "long"])
     slots_free = rng.randint(0, slots)
     return ReplicaCapacity(f"r{index}", slots, tokens, accepts=accepts, pool=rng.choice(["a", "b"]),
-                           prefers=preferred, guarded=guarded, guarded_held=rng.randint(0, slots - slots_free) if guarded else 0,
+                           prefers=preferred, guarded=guarded,
+                           guarded_held=rng.randint(0, slots - slots_free) if guarded else 0,
                            slots_free=slots_free, tokens_free=rng.randint(0, tokens),
                            signals=signals, fresh=rng.random() < 0.7, in_flight_tokens=rng.choice([0, 0, 50, 200]),
                            step_tokens=rng.choice([100, 250]))

@@ -223,9 +223,14 @@ def test_short_requests_keep_away_from_a_replica_prefilling_long_prompts() -> No
     for replica in (first, second):
         scheduler.register_replica(replica, 0, LEASE)
         scheduler.report_signals(replica.replica_id, EngineSignals(), [], 0)
-    assert [g.replica_id for g in scheduler.enqueue(TicketSpec("l", "a", "batch", 300, 1.0, "long"), 1, LEASE).grants] == ["lat0"]
+
+    def placed(ticket_id: str, band: str, cost: int, length_class: str, now: int) -> list[str]:
+        spec = TicketSpec(ticket_id, "a", band, cost, 1.0, length_class)
+        return [g.replica_id for g in scheduler.enqueue(spec, now, LEASE).grants]
+
+    assert placed("l", "batch", 300, "long", 1) == ["lat0"]
     scheduler.report_signals("lat0", EngineSignals(unstarted_tokens=300), ["l"], 2)
-    scheduler.report_signals("lat1", EngineSignals(unstarted_tokens=350), [], 2)  # more pending, but no long prefill
-    assert [g.replica_id for g in scheduler.enqueue(TicketSpec("s", "b", "interactive", 50), 3, LEASE).grants] == ["lat1"]
-    # and lat1, now holding short work, takes no long prompt: the next one joins lat0 (its 300 pending fit a step)
-    assert [g.replica_id for g in scheduler.enqueue(TicketSpec("l2", "a", "batch", 300, 1.0, "long"), 4, LEASE).grants] == ["lat0"]
+    scheduler.report_signals("lat1", EngineSignals(unstarted_tokens=350), [], 2)  # more pending, no long prefill
+    assert placed("s", "interactive", 50, "short", 3) == ["lat1"]
+    # and lat1, now holding short work, takes no long prompt: the next one joins lat0 (300 pending fit a step)
+    assert placed("l2", "batch", 300, "long", 4) == ["lat0"]
