@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -43,9 +44,13 @@ def sse_events(message: str) -> list[str]:
     return [event + "\n\n" for event in message.split("\n\n") if event.strip()]
 
 
+_EXITING: set[asyncio.Task[None]] = set()  # on_exit runs still going after their request was cancelled
+
+
 class SettlingStreamingResponse(StreamingResponse):
     """A streamed response that runs ``on_exit`` when it is done with, even if it never started sending
-    (the client gone before the first byte, or the ASGI send failing first)."""
+    (the client gone before the first byte, or the ASGI send failing first), and to its end even if the
+    request is cancelled again meanwhile (it runs as a task of its own, shielded)."""
 
     def __init__(self, content: AsyncIterator[str], on_exit: Callable[[], Awaitable[None]],
                  headers: dict[str, str]) -> None:
@@ -58,4 +63,7 @@ class SettlingStreamingResponse(StreamingResponse):
         except* TaskCancelledError:  # Ray's receive proxy when the client left mid-stream: nobody to answer
             logger.debug("the client left mid-stream")
         finally:
-            await self._on_exit()
+            exiting = asyncio.ensure_future(self._on_exit())
+            _EXITING.add(exiting)
+            exiting.add_done_callback(_EXITING.discard)
+            await asyncio.shield(exiting)

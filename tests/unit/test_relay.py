@@ -51,3 +51,34 @@ async def test_other_failures_still_raise_and_still_settle() -> None:
         await SettlingStreamingResponse(lines(), on_exit, headers={})({"type": "http", "asgi": {"spec_version": "2.0"}},
                                                                      receive, send)
     assert "the send broke" in repr(caught.value) and settled == [True]
+
+
+async def test_a_request_cancelled_again_while_it_settles_still_settles() -> None:
+    releasing, released, settled = asyncio.Event(), asyncio.Event(), []
+
+    async def lines():
+        yield "data: 1\n\n"
+
+    async def receive():
+        raise TaskCancelledError()
+
+    async def send(message):
+        pass
+
+    async def on_exit() -> None:
+        releasing.set()
+        await released.wait()  # the release's Redis call
+        settled.append(True)
+
+    request = asyncio.create_task(SettlingStreamingResponse(lines(), on_exit, headers={})(
+        {"type": "http", "asgi": {"spec_version": "2.0"}}, receive, send))
+    await releasing.wait()
+    request.cancel()  # cancelled again while it settles
+    try:
+        await request
+    except asyncio.CancelledError:
+        pass
+    released.set()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert settled == [True]
