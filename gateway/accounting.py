@@ -3,13 +3,27 @@ metrics, and its place given back with the tenant charged once (:class:`Settleme
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from gateway.admission import Admitted
 from gateway.metrics import GatewayMetrics
+
+RUNNING_APART: set[asyncio.Task[None]] = set()  # settlements still going after their request was cancelled
+
+
+async def run_apart(work: Coroutine[Any, Any, None], context: contextvars.Context | None = None) -> None:
+    """Run ``work`` (a request's settlement) in a task of its own and wait for it: a further cancel of the
+    caller ends the wait, not the work, which is kept referenced until it ends. ``context``: the task's
+    context variables (default: the caller's)."""
+    task = asyncio.get_running_loop().create_task(work, context=context)
+    RUNNING_APART.add(task)
+    task.add_done_callback(RUNNING_APART.discard)
+    await asyncio.shield(task)
 
 
 class StreamUsage:

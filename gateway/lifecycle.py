@@ -23,7 +23,7 @@ from ray.serve.handle import DeploymentResponseGenerator
 
 from fleet.config import QueueConfig
 from gateway.access import Access
-from gateway.accounting import Settlement, StreamUsage, reported_tokens
+from gateway.accounting import Settlement, StreamUsage, reported_tokens, run_apart
 from gateway.admission import AdmissionRequest, AdmissionStrategy, Admitted
 from gateway.classify import Classification, RequestClassifier
 from gateway.errors import (
@@ -55,7 +55,6 @@ class RequestLifecycle:
         self._isolate_cache = access.config.isolate_prefix_cache
         self._access, self._classifier, self._admission = access, classifier, admission
         self._pools, self._metrics, self._clock = pools, metrics, clock
-        self._settling: set[asyncio.Task[None]] = set()  # requests settling apart (their clients left)
 
     async def handle(self, request: Request, endpoint: Endpoint) -> Response:
         """Answer one completion request (the errors a client can see are raised as GatewayError)."""
@@ -167,10 +166,7 @@ class RequestLifecycle:
         async def ask_then_settle() -> None:
             await settlement.settle(await self._served_after_client_left(place, size))
 
-        task = asyncio.get_running_loop().create_task(ask_then_settle(), context=contextvars.Context())
-        self._settling.add(task)
-        task.add_done_callback(self._settling.discard)
-        await asyncio.shield(task)
+        await run_apart(ask_then_settle(), context=contextvars.Context())
 
     async def _served_after_client_left(self, place: Admitted, size: Classification) -> int:
         """The client left while a replica held its request (Ray Serve cancels the replica's call with the

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -12,7 +11,7 @@ from ray.serve.handle import DeploymentResponseGenerator
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from gateway.accounting import StreamUsage
+from gateway.accounting import StreamUsage, run_apart
 from gateway.errors import error_body
 
 logger = logging.getLogger(__name__)
@@ -44,9 +43,6 @@ def sse_events(message: str) -> list[str]:
     return [event + "\n\n" for event in message.split("\n\n") if event.strip()]
 
 
-_EXITING: set[asyncio.Task[None]] = set()  # on_exit runs still going after their request was cancelled
-
-
 class SettlingStreamingResponse(StreamingResponse):
     """A streamed response that runs ``on_exit`` when it is done with, even if it never started sending
     (the client gone before the first byte, or the ASGI send failing first), and to its end even if the
@@ -63,7 +59,4 @@ class SettlingStreamingResponse(StreamingResponse):
         except* TaskCancelledError:  # Ray's receive proxy when the client left mid-stream: nobody to answer
             logger.debug("the client left mid-stream")
         finally:
-            exiting = asyncio.ensure_future(self._on_exit())
-            _EXITING.add(exiting)
-            exiting.add_done_callback(_EXITING.discard)
-            await asyncio.shield(exiting)
+            await run_apart(self._on_exit())

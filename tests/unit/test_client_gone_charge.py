@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from gateway.accounting import RUNNING_APART
 from gateway.classify import Classification
 from gateway.lifecycle import RequestLifecycle
 from gateway.metrics import GatewayMetrics
@@ -62,7 +63,6 @@ class _Place:
 def _lifecycle(pool: _Pool) -> RequestLifecycle:
     lifecycle = object.__new__(RequestLifecycle)
     lifecycle._pools, lifecycle._metrics, lifecycle._clock = pool, GatewayMetrics(), lambda: 0.0
-    lifecycle._settling = set()
     return lifecycle
 
 
@@ -111,8 +111,8 @@ async def test_a_request_cancelled_again_while_asking_still_charges_what_its_eng
         await request
     assert place.charged == []  # nothing settled with the estimate meanwhile
     answer.set()
-    await asyncio.gather(*lifecycle._settling)
-    assert place.charged == [PROMPT + 41] and not lifecycle._settling
+    await asyncio.gather(*RUNNING_APART)
+    assert place.charged == [PROMPT + 41] and not RUNNING_APART
 
 
 @pytest.mark.parametrize("answer", [None, TimeoutError(), RuntimeError("replica died")])
