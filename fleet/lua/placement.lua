@@ -97,8 +97,8 @@ local function replica_groups()
   local groups = {}
   for _, name in ipairs(redis.call("HKEYS", K_GROUPS)) do
     local accepts, prefers, guarded = string.match(name, "^([^|]*)|([^|]*)|(.*)$")
-    local g = {name = name, accepts = {}, prefers = {}, guarded = {}, any_preference = false, top = {},
-      guarded_top = {}}
+    local g = {name = name, accepts = {}, prefers = {}, guarded = {}, any_preference = false, any_open = {},
+      any_guarded_open = {}}
     for class in string.gmatch(accepts, "[^,]+") do g.accepts[class] = true end
     for class in string.gmatch(prefers, "[^,]+") do
       g.prefers[class] = true
@@ -120,13 +120,9 @@ end
 -- empty (read once per call and group)
 local function group_may_take(g, band, class)
   if not g.accepts[class] then return false end
-  local tops = g.guarded[class] and g.guarded_top or g.top
-  local top = tops[band]
-  if top == nil then
-    top = redis.call("ZCARD", class_index(g, band, class)) > 0
-    tops[band] = top
-  end
-  return top
+  local seen = g.guarded[class] and g.any_guarded_open or g.any_open
+  if seen[band] == nil then seen[band] = redis.call("ZCARD", class_index(g, band, class)) > 0 end
+  return seen[band]
 end
 
 local function class_has_room(groups, band, class)
