@@ -17,7 +17,7 @@ _NAMESPACE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 # The fixed keys, in the order every script receives them as KEYS[1..n] (lib.lua names them the same way).
 DECLARED = ("meta", "vtime", "queued", "queued_tokens", "leases", "replicas", "stats", "served",
-            "replica_groups", "classes", "signals")
+            "replica_groups", "classes", "signals", "held_out")
 
 # Key families named by data: family -> the part after the prefix. lib.lua appends, e.g. for "queue",
 # band .. ":" .. tenant .. "|" .. flow .. "|" .. class (tenant and flow ids never contain "|": the gateway

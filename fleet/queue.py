@@ -175,9 +175,11 @@ class GlobalQueue:
                    "acked": list(received)}
         return _grants((await self._call("report_signals", payload, now_ms))["grants"])
 
-    async def deregister_replica(self, replica_id: str, now_ms: int | None = None) -> list[Grant]:
-        """Remove a replica at once (graceful shutdown)."""
-        return _grants((await self._call("deregister_replica", {"replica_id": replica_id}, now_ms))["grants"])
+    async def deregister_replica(self, replica_id: str, now_ms: int | None = None, hold_ms: int = 0) -> list[Grant]:
+        """Remove a replica at once: its graceful stop, or a gateway whose router could not reach it (then
+        ``hold_ms`` keeps it out that long, so its heartbeat does not bring it back while it drains)."""
+        payload = {"replica_id": replica_id, "hold_ms": int(hold_ms)}
+        return _grants((await self._call("deregister_replica", payload, now_ms))["grants"])
 
     async def complete(self, ticket_id: str, actual_cost: int, now_ms: int | None = None) -> CompleteResult:
         """Return a granted ticket's capacity and charge ``actual_cost``; ``done`` is False if it was not granted."""

@@ -58,6 +58,7 @@ class ReferenceScheduler:
         self._positions = 0  # the flows' order: tail positions count up, head positions down
         self._epochs: dict[str, int] = {}  # replica -> its registration's number (a new one after a lapse)
         self._registrations = 0
+        self._held_out: dict[str, int] = {}  # replica -> until when it may not register again
 
     # ----- calls (each: reap, apply, dispatch) -----
 
@@ -70,9 +71,13 @@ class ReferenceScheduler:
         return EnqueueResult(status, self._dispatch(now_ms, promoted=True))
 
     def register_replica(self, capacity: ReplicaCapacity, now_ms: int, lease_ms: int) -> list[Grant]:
-        """Register a replica or renew its lease (a changed total adjusts what is free), then dispatch."""
+        """Register a replica or renew its lease (a changed total adjusts what is free), then dispatch. A replica
+        held out (:meth:`deregister_replica`) is not registered until its hold ends."""
         self._reap(now_ms)
         known = self.replicas.get(capacity.replica_id)
+        self._held_out = {r: until for r, until in self._held_out.items() if until > now_ms}
+        if known is None and capacity.replica_id in self._held_out:
+            return self._dispatch(now_ms)
         if known is None:
             capacity.slots_free, capacity.tokens_free = capacity.slots_total, capacity.tokens_total
             capacity.in_flight = capacity.in_flight_tokens = capacity.guarded_held = 0
@@ -105,9 +110,12 @@ class ReferenceScheduler:
             replica.signals, replica.signals_at_ms, replica.fresh = signals, now_ms, True
         return self._dispatch(now_ms)
 
-    def deregister_replica(self, replica_id: str, now_ms: int) -> list[Grant]:
-        """Remove a replica (graceful shutdown); its running grants release nothing later."""
+    def deregister_replica(self, replica_id: str, now_ms: int, hold_ms: int = 0) -> list[Grant]:
+        """Remove a replica (graceful shutdown; or unreachable, then held out ``hold_ms``: it does not register
+        again before); its running grants release nothing later."""
         self._reap(now_ms)
+        if hold_ms > 0:
+            self._held_out[replica_id] = now_ms + hold_ms
         self.replicas.pop(replica_id, None)
         return self._dispatch(now_ms)
 

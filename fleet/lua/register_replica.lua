@@ -1,4 +1,5 @@
 -- Register a replica's capacity, or renew its lease (a changed total shifts what is free), then dispatch.
+-- A replica held out (deregister_replica's hold_ms) is not registered again until its hold ends.
 -- A new replica's signals start stale (the gate's concurrency cap) until its first report.
 -- PAYLOAD: {replica_id, slots_total, tokens_total, accepts: [class...], prefers: [class...],
 --          guarded: [class...], pool, step_tokens, prefill_chunk, lease_ms}
@@ -8,6 +9,11 @@ if p.slots_total >= 524288 or p.tokens_total >= TOKENS_LIMIT or p.step_tokens < 
   return redis.error_reply("replica capacity out of range: slots < 2^19, tokens < 2^32, step_tokens >= 1")
 end
 local key = k_replica(p.replica_id)
+-- a replica a gateway could not reach (draining, or not yet routable) stays out until its hold ends
+redis.call("ZREMRANGEBYSCORE", K_HELD_OUT, "-inf", NOW)
+if redis.call("EXISTS", key) == 0 and redis.call("ZSCORE", K_HELD_OUT, p.replica_id) then
+  return reply({grants = dispatch()})
+end
 local accepts = table.concat(p.accepts, ",")
 local prefers = table.concat(p.prefers or {}, ",")
 local group = accepts .. "|" .. prefers .. "|" .. table.concat(p.guarded or {}, ",")

@@ -61,6 +61,7 @@ local K_VTIME, K_QN, K_QT, K_LEASES = KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local K_REPLICAS, K_STATS, K_SERVED = KEYS[6], KEYS[7], KEYS[8]  -- served: tokens charged per tenant
 local K_GROUPS, K_CLASSES = KEYS[9], KEYS[10]  -- placement groups -> their replica count; length classes seen
 local K_SIGNALS = KEYS[11]  -- replicas whose engine signals are current, by when they last reported
+local K_HELD_OUT = KEYS[12]  -- replicas a gateway could not reach, by when they may register again
 local F = CFG.keys
 local function k_ticket(id) return F.ticket .. id end
 local function k_queue(band, tenant, flow, class) return F.queue .. band .. ":" .. tenant .. "|" .. flow .. "|" .. class end

@@ -8,6 +8,7 @@ Slow (it starts a third vLLM replica and waits for Serve to stop one): `-m fault
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -46,15 +47,25 @@ async def _until(condition: Callable[[], bool], timeout_s: float, what: str) -> 
         await asyncio.sleep(0.5)
 
 
+def _failure(response: httpx.Response, body: bytes) -> str:
+    """A failed reply as `status code`: the OpenAI error code says which failure it was."""
+    try:
+        code = json.loads(body)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        code = "?"
+    return f"{response.status_code} {code}"
+
+
 async def _one(client: httpx.AsyncClient, index: int) -> str:
     if index % 3:
         response = await client.post("/v1/completions", json=SHORT)
-        return str(response.status_code) if response.status_code != 200 else "ok"
+        return _failure(response, response.content) if response.status_code != 200 else "ok"
     async with client.stream("POST", "/v1/completions", json=STREAM) as response:
-        lines = [line async for line in response.aiter_lines() if line.startswith("data: ")]
+        lines = [line async for line in response.aiter_lines()]
     if response.status_code != 200:
-        return str(response.status_code)
-    return "ok" if lines[-1:] == ["data: [DONE]"] and not any('"error"' in line for line in lines) else "cut"
+        return _failure(response, "\n".join(lines).encode())
+    data = [line for line in lines if line.startswith("data: ")]
+    return "ok" if data[-1:] == ["data: [DONE]"] and not any('"error"' in line for line in data) else "cut"
 
 
 def test_a_pool_scales_up_and_down_under_load_with_no_5xx(fleet: Fleet) -> None:

@@ -129,9 +129,9 @@ def test_random_workload_same_decisions(redis_url: str, seed: int, fleet: str) -
                 waiting.append(spec.ticket_id)
             outcome = got.grants
         elif op < 0.52 and rng.random() < 0.15:  # a replica leaves (its grants' capacity is not its next one's)
-            replica_id = rng.choice(replica_ids)
-            outcome = lua.deregister_replica(replica_id, now)
-            assert outcome == ref.deregister_replica(replica_id, now)
+            replica_id, hold_ms = rng.choice(replica_ids), rng.choice([0, 0, 100, 2_000])  # held out: unreachable
+            outcome = lua.deregister_replica(replica_id, now, hold_ms=hold_ms)
+            assert outcome == ref.deregister_replica(replica_id, now, hold_ms=hold_ms)
         elif op < 0.52:
             replica = _replica(rng, rng.choice(replica_ids), fleet)
             outcome = lua.register_replica(replica, LEASE_MS, now)

@@ -72,6 +72,29 @@ async def test_a_deregistered_replica_gets_no_requeued_ticket(redis_url: str) ->
     assert stats["replicas_lapsed"] == 1 and stats["replicas_deregistered"] == 1
 
 
+async def test_a_replica_held_out_as_unreachable_stays_out_until_its_hold_ends(redis_url: str) -> None:
+    """A gateway whose router cannot reach the granted replica (Serve is draining it) takes it out with a hold:
+    the replica's own heartbeat, which goes on while it drains, does not bring it back (else it draws grants
+    again, and a request that runs out of requeues gets a 503). A graceful stop holds nothing: the same
+    replica id may register again at once."""
+    queue = _queue(redis_url)
+    now_ms = (await queue.snapshot()).now_ms
+    for replica in ("draining", "staying"):
+        await queue.register_replica(ReplicaCapacity(replica, 4, 1000), lease_ms=60_000, now_ms=now_ms)
+    await queue.deregister_replica("draining", now_ms=now_ms, hold_ms=5_000)
+    await queue.register_replica(ReplicaCapacity("draining", 4, 1000), lease_ms=60_000, now_ms=now_ms + 4_999)
+    grants = [g for t in ("t1", "t2") for g in (await queue.enqueue(TicketSpec(t, "acme", "only", 10),
+                                                                   now_ms=now_ms + 4_999)).grants]
+    assert {g.replica_id for g in grants} == {"staying"}
+    assert [r.replica_id for r in (await queue.snapshot()).replicas] == ["staying"]
+    await queue.register_replica(ReplicaCapacity("draining", 4, 1000), lease_ms=60_000, now_ms=now_ms + 5_000)
+    assert {r.replica_id for r in (await queue.snapshot()).replicas} == {"draining", "staying"}
+    await queue.deregister_replica("staying", now_ms=now_ms + 5_000)  # a graceful stop: no hold
+    await queue.register_replica(ReplicaCapacity("staying", 4, 1000), lease_ms=60_000, now_ms=now_ms + 5_000)
+    stats = (await queue.snapshot()).stats
+    assert len((await queue.snapshot()).replicas) == 2 and stats["replicas_held_out"] == 1
+
+
 async def test_grants_to_a_replica_that_left_and_came_back_return_nothing_to_it(redis_url: str) -> None:
     """A replica whose lease lapsed (a late heartbeat) or that was deregistered registers again with all its
     capacity free and nothing in flight. Grants made to its earlier registration must not be returned to the
