@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fleet.config import QueueConfig
 from policies.types import BandPolicy
+from policies.step_budget import own_prompt_limit
 from replicas.sim_engine import SimEngineSettings
 
 SYSTEMS = ("baseline", "baseline-priority", "baseline-prefix", "no-queue", "gateway")
@@ -116,8 +117,10 @@ def profile_from_deploy(config_file: str, cost_model: str, default_engine: SimEn
     vLLM's server default there."""
     args = yaml.safe_load((DEPLOY / config_file).read_text())["applications"][0]["args"]
     pools = {pool["name"]: pool for pool in args["pools"]}
-    engines = {name: SimEngineSettings.model_validate(pool["engine"]) for name, pool in pools.items()}
     queue = QueueConfig.model_validate(args["queue"])
+    classes = [(c.name, c.max_prompt_tokens) for c in queue.length_classes]
+    engines = {name: SimEngineSettings.model_validate({**pool["engine"], "own_prompt_limit": own_prompt_limit(
+        pool.get("accepts", []), pool.get("prefers", []), classes)}) for name, pool in pools.items()}
     return Profile(cost_model=cost_model, default_engine=default_engine, latency_engine=engines["latency"],
                    throughput_engine=engines["throughput"], latency_accepts=pools["latency"]["accepts"],
                    throughput_accepts=pools["throughput"]["accepts"],

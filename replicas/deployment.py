@@ -13,6 +13,7 @@ import os
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
+from policies.step_budget import StepBudget
 from policies.types import EngineSignals
 from replicas.base import Endpoint, ReplicaBase, ReplicaReply
 from replicas.cpu_binding import CpuBinding
@@ -35,8 +36,9 @@ class VLLMReplica(ReplicaBase):
         settings = EngineSettings.model_validate(spec.engine)
         _prepare_process_environment(spec.cpu_binding, spec.cache_dir)
         self._step_stats: Any = None
+        budget = settings.step_budget(spec.own_prompt_limit())
         self._engine, self._state = await _start_engine(settings, spec.model_path, spec.served_model_name,
-                                                        vllm_step_hook(self._on_engine_step))
+                                                        vllm_step_hook(self._on_engine_step), budget)
         capacity = await self._join_fleet(settings.max_num_seqs, _kv_capacity_tokens(self._engine, settings),
                                           settings.max_num_batched_tokens, settings.long_prefill_token_threshold,
                                           publish_metrics=True)
@@ -166,9 +168,9 @@ def _replica_local_rank() -> int:
 
 
 async def _start_engine(settings: EngineSettings, model_path: str, served_model_name: str,
-                        step_hook: type) -> tuple[Any, Any]:
+                        step_hook: type, budget: StepBudget | None = None) -> tuple[Any, Any]:
     """Start vLLM's AsyncLLM (with ``step_hook`` among its stat loggers) and its OpenAI serving state from
-    vLLM's own argument parser."""
+    vLLM's own argument parser; with a ``budget``, its scheduler steps by the work it holds."""
     from starlette.datastructures import State
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
@@ -182,10 +184,14 @@ async def _start_engine(settings: EngineSettings, model_path: str, served_model_
     if dtype != settings.dtype:
         logger.info("engine dtype %s: this CPU has no native bf16 (replicas/engine_dtype.py)", dtype)
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(
-        settings.model_copy(update={"dtype": dtype}).to_cli_args(model_path, served_model_name)
+        settings.model_copy(update={"dtype": dtype}).to_cli_args(model_path, served_model_name, budget)
     )
     engine_args = AsyncEngineArgs.from_cli_args(args)
     vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+    if budget is not None:
+        from replicas.step_budget import use_step_budget
+
+        use_step_budget(vllm_config, budget)
     engine = AsyncLLM.from_vllm_config(
         vllm_config=vllm_config,
         usage_context=UsageContext.OPENAI_API_SERVER,

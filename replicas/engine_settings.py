@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from policies.step_budget import StepBudget
+
 
 class EngineSettings(BaseModel):
     """vLLM engine settings that matter for tail latency, with production-minded defaults.
@@ -31,6 +33,16 @@ class EngineSettings(BaseModel):
         ge=1,
         description="Concurrent partial prefills; passed only when set, since vLLM 0.32 has no such option.",
     )
+    guarded_step_tokens: int | None = Field(
+        None, ge=1, description="With the global queue, the step budget while the engine holds only guarded work "
+        "(long prompts on a latency replica, which takes them only while it holds no short work): e.g. the "
+        "throughput pool's, so it prefills them as fast. The engine is started and sized for it; the step falls "
+        "back to max_num_batched_tokens as soon as a request of the pool's own classes is in the engine. None: "
+        "max_num_batched_tokens always.",
+    )
+    guarded_prefill_chunk: int = Field(
+        0, ge=0, description="long_prefill_token_threshold while the engine holds only guarded work (0: none).",
+    )
     scheduling_policy: Literal["priority", "fcfs"] = Field(
         "priority", description="vLLM scheduler policy; 'priority' honours each request's integer priority."
     )
@@ -54,14 +66,26 @@ class EngineSettings(BaseModel):
     def _budget_fits_batch(self) -> "EngineSettings":
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs (a vLLM requirement)")
+        if self.guarded_step_tokens is not None and self.guarded_step_tokens < self.max_num_batched_tokens:
+            raise ValueError("guarded_step_tokens must be >= max_num_batched_tokens (it is the larger step)")
         return self
 
-    def to_cli_args(self, model_path: str, served_model_name: str) -> list[str]:
-        """vLLM CLI arguments equivalent to these settings, for vLLM's own argument parser."""
+    def step_budget(self, own_max_prompt_tokens: int | None) -> StepBudget | None:
+        """The engine's two steps, when it guards classes (``own_max_prompt_tokens``: the longest prompt of
+        the pool's own classes; None: it guards none) and has a guarded step; else None (one step)."""
+        if self.guarded_step_tokens is None or own_max_prompt_tokens is None:
+            return None
+        return StepBudget(self.max_num_batched_tokens, self.long_prefill_token_threshold, self.guarded_step_tokens,
+                          self.guarded_prefill_chunk, own_max_prompt_tokens)
+
+    def to_cli_args(self, model_path: str, served_model_name: str, budget: StepBudget | None = None) -> list[str]:
+        """vLLM CLI arguments equivalent to these settings, for vLLM's own argument parser; with a ``budget``
+        the engine is started for its larger step (the scheduler picks the step: replicas/step_budget.py)."""
+        step = self.max_num_batched_tokens if budget is None else budget.guarded_step_tokens
         args = [
             "--model", model_path,
             "--served-model-name", served_model_name,
-            "--max-num-batched-tokens", str(self.max_num_batched_tokens),
+            "--max-num-batched-tokens", str(step),
             "--max-num-seqs", str(self.max_num_seqs),
             "--scheduling-policy", self.scheduling_policy,
             "--dtype", self.dtype,

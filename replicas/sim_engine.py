@@ -32,6 +32,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from policies.step_budget import StepBudget
+
 
 class StepCostModel(BaseModel):
     """Time of one engine step: ``base + per_token * tokens + per_seq * seqs + per_attention * pairs``.
@@ -98,6 +100,18 @@ class SimEngineSettings(BaseModel):
     max_num_seqs: int = Field(256, ge=1)
     long_prefill_token_threshold: int = Field(0, ge=0, description="0: no per-request cap.")
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    guarded_step_tokens: int | None = Field(None, ge=1, description="The step while it holds only guarded work.")
+    guarded_prefill_chunk: int = Field(0, ge=0)
+    own_prompt_limit: int | None = Field(None, ge=1, exclude=True,  # set by the replica from its spec
+                                         description="Longest prompt of its pool's own work, when it guards "
+                                         "longer classes (policies/step_budget.py); None: one step.")
+
+    def step_budget(self) -> StepBudget | None:
+        """Its two steps, as the vLLM replica's scheduler picks them; None when it has one."""
+        if self.guarded_step_tokens is None or self.own_prompt_limit is None:
+            return None
+        return StepBudget(self.max_num_batched_tokens, self.long_prefill_token_threshold, self.guarded_step_tokens,
+                          self.guarded_prefill_chunk, self.own_prompt_limit)
 
 
 @dataclass
@@ -145,6 +159,7 @@ class SimEngine:
 
     def __init__(self, settings: SimEngineSettings, cost: StepCostModel, kv_tokens: int = 0) -> None:
         self.settings = settings
+        self._budget = settings.step_budget()
         self.cost = cost
         self.kv_tokens = kv_tokens
         self.running: list[SimRequest] = []
@@ -199,8 +214,11 @@ class SimEngine:
     def plan_step(self) -> StepPlan:
         """Choose this step's batch as vLLM V1 does and price it."""
         self._drop_aborted()
-        budget = self.settings.max_num_batched_tokens
-        cap = self.settings.long_prefill_token_threshold or budget
+        budget, cap = self.settings.max_num_batched_tokens, self.settings.long_prefill_token_threshold
+        if self._budget is not None:
+            held = [r.prompt_tokens for r in self.running] + [r.prompt_tokens for _, r in self._waiting]
+            budget, cap = self._budget.for_prompts(held)
+        cap = cap or budget
         work: list[tuple[SimRequest, int]] = []
         admitted: list[SimRequest] = []
         for request in self.running:

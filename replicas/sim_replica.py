@@ -31,7 +31,7 @@ class SimReplica(ReplicaBase):
     async def __init__(self, spec: ReplicaSpec) -> None:
         self._adopt(spec)
         self._model = spec.served_model_name
-        settings = SimEngineSettings.model_validate(spec.engine)
+        settings = SimEngineSettings.model_validate({**spec.engine, "own_prompt_limit": spec.own_prompt_limit()})
         self._engine = SimEngine(settings, COST_MODELS[spec.simulated or "gpu-h100-llama3-8b"], KV_TOKENS)
         self._tokens: dict[str, asyncio.Queue[bool]] = {}
         self._wake = asyncio.Event()

@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleet.config import QueueConfig
+from policies.step_budget import own_prompt_limit
 from replicas.cpu_binding import CpuBinding
 
 
@@ -30,3 +31,11 @@ class ReplicaSpec(BaseModel):
     )
     simulated: str | None = Field(None, description="Cost model of the simulated engine; None: real vLLM.")
     time_scale: float = Field(1.0, ge=1.0, description="Simulated engine: each step takes this many times its model.")
+
+    def own_prompt_limit(self) -> int | None:
+        """The longest prompt of the work this replica's pool is built for, when the queue may place longer
+        (guarded) classes here; None without a queue (each class goes to its own pool) or when it guards none."""
+        if self.queue is None:
+            return None
+        classes = [(c.name, c.max_prompt_tokens) for c in self.queue.length_classes]
+        return own_prompt_limit(self.accepts, self.prefers, classes)
