@@ -3,6 +3,8 @@ command line and the simulated engine take it."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from pydantic import ValidationError
 
@@ -52,3 +54,25 @@ def test_the_simulated_engine_steps_the_same_way() -> None:
     engine.add(SimRequest("short", prompt_tokens=40, output_tokens=2))
     plan = engine.plan_step()
     assert [(r.request_id, tokens) for r, tokens in plan.work] == [("long", 64), ("short", 40)]
+
+
+def test_the_engine_gets_the_scheduler_of_its_async_mode() -> None:
+    # vLLM's GPU default is its async scheduler, which the CPU build never uses: checked here by its choice
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    from replicas.step_budget import CONFIG_KEY, StepsByWorkHeldAsyncScheduler, StepsByWorkHeldScheduler, use_step_budget
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    for async_scheduling, chosen in ((True, StepsByWorkHeldAsyncScheduler), (False, StepsByWorkHeldScheduler)):
+        config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_batched_tokens=8192, scheduler_cls=None,
+                                                                  async_scheduling=async_scheduling),
+                                 additional_config={})
+        use_step_budget(config, BUDGET)
+        assert resolve_obj_by_qualname(config.scheduler_config.scheduler_cls) is chosen
+        assert config.additional_config[CONFIG_KEY]["guarded_step_tokens"] == 8192
+    assert issubclass(StepsByWorkHeldAsyncScheduler, AsyncScheduler)
+    assert StepsByWorkHeldAsyncScheduler.schedule is StepsByWorkHeldScheduler.schedule  # the same rule in both
+    started_small = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_batched_tokens=1024, async_scheduling=False),
+                                    additional_config={})
+    with pytest.raises(ValueError, match="started for the guarded step"):
+        use_step_budget(started_small, BUDGET)
