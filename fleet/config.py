@@ -100,10 +100,11 @@ class QueueConfig(BaseModel):
     default_band: str = Field("standard", description="Band of a request that names none.")
     lease_s: float = Field(10, gt=0, description="Ticket and replica lease; renewed every third of it.")
     unreachable_hold_s: float = Field(
-        10, ge=0, description="How long a replica that a gateway's router could not reach (Serve is draining it, "
-        "or has not published it yet) stays out of the fleet: its heartbeat would otherwise bring it back while "
+        10, ge=0, description="How long a replica that a gateway's router delivered to before, and can no longer "
+        "reach (Serve is draining it), stays out of the fleet: its heartbeat would otherwise bring it back while "
         "it drains, and each grant to it costs a request a requeue. Long enough to outlast a heartbeat or two, "
-        "short enough that a healthy replica a late router missed is used again soon.",
+        "short enough that a replica wrongly held is used again soon. A replica the router never reached (new, "
+        "not yet published to it) is not held.",
     )
     max_wait_s: float = Field(120, gt=0, description="Longest a request waits for a grant (then 429).")
     retry_after_s: int = Field(2, ge=1, description="Retry-After sent with a queue-full or timeout 429.")

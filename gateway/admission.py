@@ -35,6 +35,7 @@ from gateway.errors import (
 from gateway.headers import RequestHeaders
 from gateway.metrics import GatewayMetrics
 from gateway.request_parsing import ParsedRequest
+from gateway.routing import was_routed
 from gateway.tenants import Tenant
 from policies.placement import pool_for_class
 from policies.priority import BandDecision
@@ -194,17 +195,18 @@ class QueuePlace:
         self.pool, self.replica_id = grant.pool, grant.replica_id
 
     async def requeue(self) -> None:
-        """The granted replica is gone (another answered for it): take it out of the fleet and hold it out
-        (``unreachable_hold_s``), so its heartbeat does not bring it back while Serve drains it and no grant
-        goes there meanwhile (a live replica this gateway's router had not seen yet comes back when the hold
-        ends), then back to the head of the tenant's queue to wait for the next grant."""
+        """The granted replica is gone (another answered for it): take it out of the fleet, then back to the
+        head of the tenant's queue to wait for the next grant. A replica this gateway's routers delivered to
+        before is leaving (Serve is draining it): held out for ``unreachable_hold_s``, so its heartbeat does
+        not bring it back meanwhile. One they never delivered to is new (registered before Serve published
+        it to this router): no hold, its next heartbeat brings it back."""
         self._requeues += 1
         if self._requeues > MAX_REQUEUES:
             raise UpstreamUnavailable("The granted replicas kept disappearing; retry shortly.")
         if self.replica_id is not None:
             try:
-                await self._session.queue.deregister_replica(
-                    self.replica_id, hold_ms=int(self._admission.config.unreachable_hold_s * 1000))
+                hold_s = self._admission.config.unreachable_hold_s if was_routed(self.replica_id) else 0
+                await self._session.queue.deregister_replica(self.replica_id, hold_ms=int(hold_s * 1000))
             except redis.RedisError:  # its lease lapses instead
                 logger.warning("could not deregister a replica that is gone")
         self._take(await self._admission.await_grant(self._session.wait_again(self._spec, self._max_wait_s)))
