@@ -41,6 +41,15 @@ class StepBudget:
         return self.step_tokens, self.prefill_chunk
 
 
+def step_budget(step_tokens: int, prefill_chunk: int, guarded_step_tokens: int | None, guarded_prefill_chunk: int,
+                own_max_prompt_tokens: int | None) -> StepBudget | None:
+    """An engine's two steps, when it has a guarded step and guards classes (``own_max_prompt_tokens``: the
+    longest prompt of its pool's own work; None: it guards none); else None (one step)."""
+    if guarded_step_tokens is None or own_max_prompt_tokens is None:
+        return None
+    return StepBudget(step_tokens, prefill_chunk, guarded_step_tokens, guarded_prefill_chunk, own_max_prompt_tokens)
+
+
 def own_prompt_limit(accepts: Iterable[str], prefers: Iterable[str],
                      classes: Sequence[tuple[str, int | None]]) -> int | None:
     """The longest prompt of the work a pool is built for, when it guards a longer class (``classes``: each

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from policies.step_budget import StepBudget
+from policies.step_budget import StepBudget, step_budget
 
 
 class EngineSettings(BaseModel):
@@ -73,10 +73,8 @@ class EngineSettings(BaseModel):
     def step_budget(self, own_max_prompt_tokens: int | None) -> StepBudget | None:
         """The engine's two steps, when it guards classes (``own_max_prompt_tokens``: the longest prompt of
         the pool's own classes; None: it guards none) and has a guarded step; else None (one step)."""
-        if self.guarded_step_tokens is None or own_max_prompt_tokens is None:
-            return None
-        return StepBudget(self.max_num_batched_tokens, self.long_prefill_token_threshold, self.guarded_step_tokens,
-                          self.guarded_prefill_chunk, own_max_prompt_tokens)
+        return step_budget(self.max_num_batched_tokens, self.long_prefill_token_threshold, self.guarded_step_tokens,
+                           self.guarded_prefill_chunk, own_max_prompt_tokens)
 
     def to_cli_args(self, model_path: str, served_model_name: str, budget: StepBudget | None = None) -> list[str]:
         """vLLM CLI arguments equivalent to these settings, for vLLM's own argument parser; with a ``budget``

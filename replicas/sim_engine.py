@@ -32,7 +32,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from policies.step_budget import StepBudget
+from policies.step_budget import StepBudget, step_budget
 
 
 class StepCostModel(BaseModel):
@@ -108,10 +108,8 @@ class SimEngineSettings(BaseModel):
 
     def step_budget(self) -> StepBudget | None:
         """Its two steps, as the vLLM replica's scheduler picks them; None when it has one."""
-        if self.guarded_step_tokens is None or self.own_prompt_limit is None:
-            return None
-        return StepBudget(self.max_num_batched_tokens, self.long_prefill_token_threshold, self.guarded_step_tokens,
-                          self.guarded_prefill_chunk, self.own_prompt_limit)
+        return step_budget(self.max_num_batched_tokens, self.long_prefill_token_threshold, self.guarded_step_tokens,
+                           self.guarded_prefill_chunk, self.own_prompt_limit)
 
 
 @dataclass
@@ -216,8 +214,8 @@ class SimEngine:
         self._drop_aborted()
         budget, cap = self.settings.max_num_batched_tokens, self.settings.long_prefill_token_threshold
         if self._budget is not None:
-            held = [r.prompt_tokens for r in self.running] + [r.prompt_tokens for _, r in self._waiting]
-            budget, cap = self._budget.for_prompts(held)
+            held = itertools.chain(self.running, (request for _, request in self._waiting))
+            budget, cap = self._budget.for_prompts(request.prompt_tokens for request in held)
         cap = cap or budget
         work: list[tuple[SimRequest, int]] = []
         admitted: list[SimRequest] = []

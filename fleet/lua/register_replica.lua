@@ -9,7 +9,8 @@ if p.slots_total >= 524288 or p.tokens_total >= TOKENS_LIMIT or p.step_tokens < 
   return redis.error_reply("replica capacity out of range: slots < 2^19, tokens < 2^32, step_tokens >= 1")
 end
 local key = k_replica(p.replica_id)
--- a replica a gateway could not reach (draining, or not yet routable) stays out until its hold ends
+-- a replica a gateway found unreachable after delivering to it (Serve is draining it) stays out until its
+-- hold ends
 redis.call("ZREMRANGEBYSCORE", K_HELD_OUT, "-inf", NOW)
 if redis.call("EXISTS", key) == 0 and redis.call("ZSCORE", K_HELD_OUT, p.replica_id) then
   return reply({grants = dispatch()})
