@@ -164,6 +164,12 @@ class UpstreamError(GatewayError):
         self.code = code
 
 
+def shown(text: str, limit: int = 200) -> str:
+    """A client's own value (a model name, say) as an error message quotes it: cut to ``limit`` characters,
+    so an error never echoes a client's megabytes back."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def error_body(message: str, error_type: str, code: str | None, param: str | None = None) -> dict[str, Any]:
     """An OpenAI-format error body."""
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}

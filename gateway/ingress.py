@@ -92,9 +92,9 @@ class Gateway:
                                                lambda: generate_latest(self.metrics.registry), interval_s)
             self._publisher.start()
 
-    @api.get("/health")
+    @api.api_route("/health", methods=["GET", "HEAD"])
     async def health(self) -> dict[str, str]:
-        """Liveness of the gateway itself."""
+        """Liveness of the gateway itself (HEAD too, as some load balancers probe)."""
         return {"status": "ok"}
 
     @api.get("/metrics")

@@ -27,10 +27,11 @@ from gateway.accounting import Settlement, StreamUsage, reported_tokens, run_apa
 from gateway.admission import AdmissionRequest, AdmissionStrategy, Admitted
 from gateway.classify import Classification, RequestClassifier
 from gateway.errors import (
-    GatewayError, GrantLost, InvalidRequest, InvalidValue, ModelNotFound, UpstreamUnavailable, from_vllm_error,
+    GatewayError, GrantLost, InvalidValue, UpstreamUnavailable, from_vllm_error,
 )
 from gateway.headers import read_headers, request_id_of
 from gateway.metrics import GatewayMetrics
+from gateway.model_listing import check_served
 from gateway.pools import Pools
 from gateway.relay import SettlingStreamingResponse, relay_lines
 from gateway.request_parsing import Endpoint, ParsedRequest, parse_off_loop, read_body
@@ -67,7 +68,7 @@ class RequestLifecycle:
             parsed = await parse_off_loop(await read_body(request, self._max_body_bytes), endpoint,
                                           self._template_options)
             stages.lap("parse")
-            self._check_model(parsed)
+            check_served(parsed.model, self._served_model_name, tenant)
             self._access.check_model(tenant, parsed.model)
             asked = read_headers(request.headers, self._queue.band_names, self._queue.objectives)
             decision = self._access.band(tenant, asked)
@@ -182,16 +183,6 @@ class RequestLifecycle:
             logger.warning("a replica did not say what a cancelled request served: %s", type(exc).__name__)
             return size.cost
         return size.cost if served is None else served
-
-    def _check_model(self, parsed: ParsedRequest) -> None:
-        if not parsed.model:  # OpenAI requires it; naming none is a malformed request, not an unknown model
-            raise InvalidRequest("model: Field required", param="model")
-        if parsed.model != self._served_model_name:
-            raise ModelNotFound(
-                f"The model `{parsed.model}` does not exist; this gateway serves `{self._served_model_name}`.",
-                param="model",
-            )
-
 
 class Stages:
     """Where one request's time goes: each lap is the time since the previous one, by stage."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.errors import ModelNotFound
+from gateway.errors import InvalidRequest, ModelNotFound, shown
 from gateway.tenants import Tenant
 
 
@@ -19,4 +19,14 @@ def model_entry(listing: dict[str, Any], tenant: Tenant, model_id: str) -> dict[
     for model in visible_listing(listing, tenant)["data"]:
         if model.get("id") == model_id:
             return model
-    raise ModelNotFound(f"The model `{model_id}` does not exist.", param="model")
+    raise ModelNotFound(f"The model `{shown(model_id)}` does not exist.", param="model")
+
+
+def check_served(model: str, served: str, tenant: Tenant) -> None:
+    """Raise unless ``model`` is the ``served`` model: 422 when a request names none, 404 for another. The
+    404 names the served model only to a tenant that may call it."""
+    if not model:  # OpenAI requires it; naming none is a malformed request, not an unknown model
+        raise InvalidRequest("model: Field required", param="model")
+    if model != served:
+        hint = f"; this gateway serves `{served}`" if tenant.may_use_model(served) else ""
+        raise ModelNotFound(f"The model `{shown(model)}` does not exist{hint}.", param="model")

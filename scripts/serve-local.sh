@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Set up (if needed) and run the local CPU deployment in the foreground: the gateway and 2 vLLM CPU replicas
 # of the tiny model on http://127.0.0.1:8000, with a local Redis for the global queue unless REDIS_URL is set.
-# Arguments: another config file, then extra `serve run` arguments.
+# Arguments: another config file, then extra `serve run` arguments. Ctrl-C stops the deployment, and the
+# Redis too when this script started it (it keeps nothing worth keeping: tickets of a stopped fleet).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/local-redis.sh"
 config="${1:-deploy/local.yaml}"
 [ $# -gt 0 ] && shift
-exec serve run "$config" "$@"
+if [ -z "${LOCAL_REDIS_PIDFILE:-}" ]; then
+  exec serve run "$config" "$@"
+fi
+trap 'kill "$(cat "$LOCAL_REDIS_PIDFILE" 2>/dev/null)" 2>/dev/null && echo "[setup] stopped redis-server" >&2' EXIT
+serve run "$config" "$@"

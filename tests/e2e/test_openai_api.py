@@ -32,6 +32,7 @@ def headers(api_keys: dict) -> dict[str, str]:
 
 def test_health(base_url: str) -> None:
     assert httpx.get(f"{base_url}/health").json() == {"status": "ok"}
+    assert httpx.head(f"{base_url}/health").status_code == 200  # load balancers that probe with HEAD
 
 
 def test_list_models(client: openai.OpenAI) -> None:

@@ -3,7 +3,7 @@
 import pytest
 
 from gateway.errors import ModelNotFound
-from gateway.model_listing import model_entry, visible_listing
+from gateway.model_listing import check_served, model_entry, visible_listing
 from gateway.tenants import Tenant
 
 LISTING = {"object": "list", "data": [{"id": "llama", "object": "model"}, {"id": "org/coder", "object": "model"}]}
@@ -21,3 +21,18 @@ def test_retrieving_a_model_the_tenant_may_not_call_is_404_like_one_not_served()
     for hidden in ("llama", "missing"):
         with pytest.raises(ModelNotFound):
             model_entry(LISTING, tenant, hidden)
+
+
+def test_an_unknown_model_is_404_naming_the_served_one_only_to_its_users_and_never_echoing_megabytes() -> None:
+    check_served("llama", "llama", Tenant(id="all"))
+    with pytest.raises(ModelNotFound, match="this gateway serves `llama`"):
+        check_served("gpt-4", "llama", Tenant(id="all"))
+    with pytest.raises(ModelNotFound) as caught:
+        check_served("gpt-4", "llama", Tenant(id="coder-only", models=["org/coder"]))
+    assert "llama" not in caught.value.message
+    with pytest.raises(ModelNotFound) as caught:
+        check_served("x" * 100_000, "llama", Tenant(id="all"))
+    assert len(caught.value.message) < 400
+    with pytest.raises(ModelNotFound) as caught:
+        model_entry(LISTING, Tenant(id="all"), "y" * 100_000)
+    assert len(caught.value.message) < 400
