@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except (ValueError, KeyError, OSError) as exc:
-        print(f"fleetgate: {exc}", file=sys.stderr)
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # str(KeyError) adds quotes
+        print(f"fleetgate: {message}", file=sys.stderr)
         return 2
 
 
@@ -123,18 +124,31 @@ def _status(args: argparse.Namespace) -> int:
     queue_config = _app_args(args.config)["queue"]
     url = args.redis_url or queue_config.resolved_redis_url()
     queue = blocking(lambda: global_queue(queue_config, redis_client(queue_config, url=url)))
+    from redis.exceptions import RedisError
+
     board = MetricsBoard(queue.client, queue.keys, ttl_s=1)
     while True:
-        published = queue.run(board.read())
-        sources = queue.run(board.live_sources())
-        stale = [labels.get("gateway", "?") for labels, text in published
-                 if re.search(r"^fleetgate_tenants_file_stale 1", text, re.MULTILINE)]
-        view = render_status(queue.snapshot(), queue.keys.namespace, _redacted(url), sources, stale)
+        try:
+            view = _status_view(queue, board, _redacted(url))
+        except RedisError as exc:  # unreachable, refused, wrong password: say so, never a traceback
+            problem = f"cannot read the global queue at {_redacted(url)}: {type(exc).__name__}: {exc}"
+            if args.watch is None:
+                print(f"fleetgate: {problem}", file=sys.stderr)
+                return 1
+            view = f"fleetgate status  {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M:%S} UTC\n\n{problem}"
         if args.watch is None:
             print(view)
             return 0
-        print("\033[2J\033[H" + view, flush=True)
+        print("\033[2J\033[H" + view, flush=True)  # watching: keep redrawing through an outage
         time.sleep(args.watch)
+
+
+def _status_view(queue: Any, board: Any, shown_url: str) -> str:
+    published = queue.run(board.read())
+    sources = queue.run(board.live_sources())
+    stale = [labels.get("gateway", "?") for labels, text in published
+             if re.search(r"^fleetgate_tenants_file_stale 1", text, re.MULTILINE)]
+    return render_status(queue.snapshot(), queue.keys.namespace, shown_url, sources, stale)
 
 
 def _app_args(config_file: str) -> dict[str, Any]:

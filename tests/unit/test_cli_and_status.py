@@ -79,3 +79,17 @@ def test_add_key_changes_nothing_else_in_the_shipped_file(tmp_path: Path, capsys
             if line[:1] in "+-"]
     assert [line[:2] for line in diff] == ["- ", "+ ", "+ ", "+ ", "+ "], diff
     assert diff[0] == "-     api_keys: []" and diff[1:3] == ["+     api_keys:", "+       - id: k"]
+
+
+def test_status_says_when_redis_cannot_be_reached_without_a_traceback_or_the_password(
+        capsys: pytest.CaptureFixture) -> None:
+    assert main(["status", "--redis-url", "redis://:hunter2@127.0.0.1:1/0"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot read the global queue at redis://***@127.0.0.1:1/0" in err
+    assert "Traceback" not in err and "hunter2" not in err
+
+
+def test_an_unknown_tenant_is_named_plainly(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "t.yaml").write_text("tenants:\n  - id: a\n")
+    assert main(["tenants", "add-key", str(tmp_path / "t.yaml"), "b"]) == 2
+    assert capsys.readouterr().err == f"fleetgate: no tenant 'b' in {tmp_path / 't.yaml'} (use --create to add it)\n"
