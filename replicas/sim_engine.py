@@ -216,6 +216,8 @@ class SimEngine:
         if self._budget is not None:
             held = itertools.chain(self.running, (request for _, request in self._waiting))
             budget, cap = self._budget.for_prompts(request.prompt_tokens for request in held)
+        if len(self.running) + len(self._waiting) <= 1:
+            cap = 0  # as vLLM: the per-request cap protects others, so a lone request takes the whole budget
         cap = cap or budget
         work: list[tuple[SimRequest, int]] = []
         admitted: list[SimRequest] = []
