@@ -207,7 +207,8 @@ class FleetSimulation:
                                        prefers=frozenset(pool.prefers), pool=pool.name,
                                        guarded=guarded_classes(pool.accepts, pool.prefers, order),
                                        step_tokens=pool.engine.max_num_batched_tokens,
-                                       prefill_chunk=pool.engine.long_prefill_token_threshold)
+                                       prefill_chunk=pool.engine.long_prefill_token_threshold,
+                                       reserve=pool.reserve)
             self.scheduler.register_replica(capacity, 0, FOREVER_MS)
             self._report(replica)
 

@@ -50,6 +50,7 @@ class PoolSpec(BaseModel):
     engine: SimEngineSettings
     accepts: list[str] = Field(default_factory=lambda: ["short", "long"])
     prefers: list[str] = Field(default_factory=list)
+    reserve: int = Field(0, ge=0, description="Replicas kept free of guarded work (the pool's `reserve`).")
     kv_tokens: int = Field(500_000, ge=1, description="KV cache size in tokens (the queue's token capacity).")
     queue_slots: int | None = Field(None, ge=1, description="Grants at once per replica (None: max_num_seqs).")
 
@@ -98,6 +99,7 @@ class Profile(BaseModel):
     throughput_engine: SimEngineSettings
     latency_accepts: list[str]
     throughput_accepts: list[str]
+    latency_reserve: int = 0
     short_prompt_tokens: int
     kv_tokens: int
     queue_overhead_s: float
@@ -124,6 +126,7 @@ def profile_from_deploy(config_file: str, cost_model: str, default_engine: SimEn
     return Profile(cost_model=cost_model, default_engine=default_engine, latency_engine=engines["latency"],
                    throughput_engine=engines["throughput"], latency_accepts=pools["latency"]["accepts"],
                    throughput_accepts=pools["throughput"]["accepts"],
+                   latency_reserve=pools["latency"].get("reserve", 0),
                    short_prompt_tokens=queue.length_classes[0].max_prompt_tokens,
                    kv_tokens=kv_tokens, queue_overhead_s=QUEUE_OVERHEAD_S, queue=queue)
 
@@ -151,7 +154,8 @@ def build_systems(profile_name: str, replicas: int, latency_share: float = 0.5) 
     priority_pool = [one_pool[0].model_copy(update={
         "engine": profile.default_engine.model_copy(update={"scheduling_policy": "priority"})})]
     split = [PoolSpec(name="latency", replicas=latency, engine=profile.latency_engine,
-                      accepts=profile.latency_accepts, prefers=["short"], kv_tokens=profile.kv_tokens)]
+                      accepts=profile.latency_accepts, prefers=["short"], reserve=profile.latency_reserve,
+                      kv_tokens=profile.kv_tokens)]
     if replicas > 1:
         split.append(PoolSpec(name="throughput", replicas=replicas - latency, engine=profile.throughput_engine,
                               accepts=profile.throughput_accepts, prefers=["long"], kv_tokens=profile.kv_tokens))

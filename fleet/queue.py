@@ -91,7 +91,7 @@ def _replica_payload(capacity: ReplicaCapacity, lease_ms: int) -> dict[str, Any]
         "tokens_total": capacity.tokens_total, "accepts": sorted(capacity.accepts),
         "prefers": sorted(capacity.prefers), "guarded": sorted(capacity.guarded), "pool": capacity.pool,
         "step_tokens": capacity.step_tokens, "prefill_chunk": capacity.prefill_chunk,
-        "lease_ms": lease_ms,
+        "reserve": capacity.reserve, "lease_ms": lease_ms,
     }  # fmt: skip
 
 

@@ -63,6 +63,13 @@ class PoolConfig(BaseModel):
         description="Length classes this pool is built for: placement tries it first for them; other "
         "accepted classes spill over onto it only when no preferring replica has room.",
     )
+    reserve: int = Field(
+        0, ge=0,
+        description="Replicas of this pool kept free of the longer classes it takes only when idle (its guarded "
+        "classes, docs/global-queue.md), so its own work always finds a replica whose steps no long prompt "
+        "lengthens. 0: any replica holding none of its own work may take them (fully work-conserving). Worth 1 "
+        "in a small latency pool: see deploy/gpu.yaml for what it changed.",
+    )
     stream_batching_interval_ms: float = Field(
         0, ge=0, le=1000,
         description="A stream's tokens go from replica to client at most once per this interval, joined (the "

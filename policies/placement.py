@@ -7,7 +7,9 @@
   only by a replica that holds none of the work it is built for, and only while what it has not started
   fits in one step (:func:`takes_guarded`): a latency replica with no short request of its own prefills
   long prompts, chunked under its small step budget, and goes back to short work once they end. Pool
-  preference stays a preference, and no replica idles while a ticket it accepts waits.
+  preference stays a preference, and no replica idles while a ticket it accepts waits -- except under a
+  pool's ``reserve`` (:func:`keeps_reserve`): that many replicas of its group stay free of guarded work, so
+  the pool's own work always finds one whose steps no long prompt lengthens (small pools).
 * **Scorer** (:func:`rank`, lower is better): a replica whose pool prefers the class first (a pool that
   names no preference prefers all it accepts), then one holding no guarded work (short requests keep away
   from the replicas prefilling long prompts, whose steps those prompts lengthen, while another replica can
@@ -49,11 +51,36 @@ def takes_guarded(replica: ReplicaCapacity) -> bool:
     return not replica.holds_own_work and pending(replica) <= replica.step_tokens
 
 
-def fits(replica: ReplicaCapacity, cost: int, length_class: str) -> bool:
-    """Filter: True when ``replica`` may run a ticket of this cost and class."""
+Group = tuple[frozenset[str], frozenset[str], frozenset[str]]
+
+
+def group_of(replica: ReplicaCapacity) -> Group:
+    """The replica's placement group: the replicas that accept, prefer and guard the same classes."""
+    return replica.accepts, replica.prefers, replica.guarded
+
+
+def clean_replicas(replicas: Iterable[ReplicaCapacity]) -> dict[Group, int]:
+    """Per placement group, how many of its registered replicas hold no guarded work."""
+    clean: dict[Group, int] = {}
+    for replica in replicas:
+        clean[group_of(replica)] = clean.get(group_of(replica), 0) + (replica.guarded_held == 0)
+    return clean
+
+
+def keeps_reserve(replica: ReplicaCapacity, clean_in_group: int) -> bool:
+    """True when taking guarded work leaves ``replica``'s group its reserve of replicas free of it (one
+    already holding guarded work changes nothing)."""
+    return replica.guarded_held > 0 or clean_in_group - 1 >= replica.reserve
+
+
+def fits(replica: ReplicaCapacity, cost: int, length_class: str, clean_in_group: int | None = None) -> bool:
+    """Filter: True when ``replica`` may run a ticket of this cost and class (``clean_in_group``: how many
+    of its group hold no guarded work; None: no reserve is checked)."""
     if length_class not in replica.accepts:
         return False
     if length_class in replica.guarded and not takes_guarded(replica):
+        return False
+    if length_class in replica.guarded and clean_in_group is not None and not keeps_reserve(replica, clean_in_group):
         return False
     return replica.tokens_free >= cost or replica.slots_free == replica.slots_total
 
@@ -64,11 +91,15 @@ def rank(replica: ReplicaCapacity, length_class: str) -> tuple[bool, bool, int, 
             replica.replica_id)
 
 
-def choose_replica(candidates: Iterable[ReplicaCapacity], cost: int, length_class: str) -> ReplicaCapacity | None:
-    """Picker: the best open replica for a ticket of ``cost`` tokens and ``length_class``, or None."""
+def choose_replica(candidates: Iterable[ReplicaCapacity], cost: int, length_class: str,
+                   clean: dict[Group, int] | None = None) -> ReplicaCapacity | None:
+    """Picker: the best open replica for a ticket of ``cost`` tokens and ``length_class``, or None
+    (``clean``: :func:`clean_replicas` of every registered replica, for the pools' reserves)."""
     best: ReplicaCapacity | None = None
     for replica in candidates:
-        if fits(replica, cost, length_class) and (best is None or rank(replica, length_class) < rank(best, length_class)):
+        in_group = None if clean is None else clean.get(group_of(replica), 0)
+        if fits(replica, cost, length_class, in_group) and (
+                best is None or rank(replica, length_class) < rank(best, length_class)):
             best = replica
     return best
 

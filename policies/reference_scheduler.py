@@ -28,7 +28,7 @@ from policies import fairness
 from policies.band_order import aging_cutoff, bands_in_order, may_age_into
 from policies.gate import is_stale, open_replicas
 from policies.ordering import Fifo
-from policies.placement import choose_replica
+from policies.placement import choose_replica, clean_replicas
 from policies.scheduler_records import BandRecord, TenantFlows, TicketRecord
 from policies.types import (
     BandPolicy, CancelResult, CompleteResult, EngineSignals, EnqueueResult, Grant, ReplicaCapacity, RequeueResult,
@@ -91,7 +91,7 @@ class ReferenceScheduler:
             known.slots_total, known.tokens_total = capacity.slots_total, capacity.tokens_total
             known.accepts, known.prefers, known.pool = capacity.accepts, capacity.prefers, capacity.pool
             known.guarded, known.step_tokens = capacity.guarded, capacity.step_tokens
-            known.prefill_chunk = capacity.prefill_chunk
+            known.prefill_chunk, known.reserve = capacity.prefill_chunk, capacity.reserve
         known.expires_ms = now_ms + lease_ms
         return self._dispatch(now_ms)
 
@@ -346,12 +346,13 @@ class ReferenceScheduler:
             candidates = open_replicas(self.replicas.values(), band)
             if not candidates:
                 continue
+            clean = clean_replicas(self.replicas.values())
             for tenant in fairness.in_order(state.counters, state.tenants):
                 flows = state.tenants[tenant]
                 for flow in fairness.in_order(flows.counters, flows.queues):
                     for ticket_id in flows.queues[flow].heads():
                         ticket = self.tickets[ticket_id]
-                        replica = choose_replica(candidates, ticket.spec.cost, ticket.spec.length_class)
+                        replica = choose_replica(candidates, ticket.spec.cost, ticket.spec.length_class, clean)
                         if replica is not None:
                             return self._grant(ticket, replica, state)
         return None

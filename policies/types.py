@@ -101,6 +101,9 @@ class ReplicaCapacity:
     ``in_flight`` counts grants to it that it has not acknowledged yet and ``in_flight_tokens`` their prompt
     tokens, each up to the chunk (the credit that covers the time between a grant and the report that
     includes it). ``guarded_held`` counts the grants of guarded classes it holds (granted, not yet ended).
+
+    ``reserve`` (its pool's) is how many replicas of its placement group are kept holding no guarded work:
+    one that holds none takes guarded work only while at least that many others of the group hold none too.
     """
 
     replica_id: str
@@ -121,6 +124,7 @@ class ReplicaCapacity:
     in_flight: int = 0
     in_flight_tokens: int = 0
     guarded_held: int = 0
+    reserve: int = 0
 
     @property
     def holds_own_work(self) -> bool:

@@ -71,7 +71,8 @@ class ReplicaBase:
         capacity = ReplicaCapacity(replica_id=self.replica_id, slots_total=slots, tokens_total=kv_tokens,
                                    accepts=frozenset(self.spec.accepts), prefers=frozenset(self.spec.prefers),
                                    guarded=guarded_classes(self.spec.accepts, self.spec.prefers, order),
-                                   pool=self.spec.pool, step_tokens=step_tokens, prefill_chunk=prefill_chunk)
+                                   pool=self.spec.pool, step_tokens=step_tokens, prefill_chunk=prefill_chunk,
+                                   reserve=self.spec.reserve)
         if queue is not None:
             self._registration = CapacityRegistration(queue, capacity)
             await self._registration.start()

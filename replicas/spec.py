@@ -25,6 +25,7 @@ class ReplicaSpec(BaseModel):
     pool: str = Field("default", description="The pool this replica belongs to.")
     accepts: list[str] = Field(default_factory=lambda: ["short", "long"], description="Length classes it runs.")
     prefers: list[str] = Field(default_factory=list, description="Length classes its pool is built for.")
+    reserve: int = Field(0, ge=0, description="Replicas of its pool kept free of guarded work (PoolConfig.reserve).")
     metrics_interval_s: float = Field(2.0, gt=0, description="How often it publishes its metrics to the fleet.")
     stream_batching_interval_ms: float = Field(
         0, ge=0, description="A stream's lines go at most once per this interval, joined (replicas/stream_batching.py)."

@@ -20,14 +20,14 @@ end
 local function replica_state(id)
   local f = redis.call("HMGET", k_replica(id), "slots_total", "slots_free", "tokens_total", "tokens_free",
     "group", "in_flight_tokens", "unstarted_tokens", "kv", "fresh", "step_tokens", "in_flight", "prefill_chunk",
-    "pool", "epoch", "guarded_held")
+    "pool", "epoch", "guarded_held", "reserve")
   if not f[1] then return nil end
   return {id = id, slots_total = tonumber(f[1]), slots_free = tonumber(f[2]), tokens_total = tonumber(f[3]),
     tokens_free = tonumber(f[4]), group = f[5], in_flight_tokens = tonumber(f[6] or "0"),
     unstarted_tokens = tonumber(f[7] or "0"), kv = tonumber(f[8] or "0"), fresh = f[9] == "1",
     step_tokens = tonumber(f[10] or "2048"), in_flight = tonumber(f[11] or "0"),
     prefill_chunk = tonumber(f[12] or "0"), pool = f[13] or "default", epoch = f[14] or "",
-    guarded_held = tonumber(f[15] or "0")}
+    guarded_held = tonumber(f[15] or "0"), reserve = tonumber(f[16] or "0")}
 end
 
 -- a group guards a class when its name's last part ("accepts|prefers|guarded") is not empty
@@ -44,6 +44,11 @@ end
 -- afresh)
 local function index_replica(id, r)
   r = r or replica_state(id)
+  if r.guarded_held > 0 then  -- the group's holders of guarded work, for its reserve (idempotent)
+    redis.call("SADD", k_guarded_holders(r.group), id)
+  else
+    redis.call("SREM", k_guarded_holders(r.group), id)
+  end
   local pending = replica_pending(r)
   local score = open_score(r.guarded_held > 0, pending, r.slots_free)
   local guards = group_guards(r.group)
@@ -64,6 +69,7 @@ local function index_replica(id, r)
 end
 
 local function unindex_replica(id, group)
+  redis.call("SREM", k_guarded_holders(group), id)
   for _, band in ipairs(BANDS) do
     redis.call("ZREM", k_replica_index(group, band.name), id)
     redis.call("ZREM", k_guarded_index(group, band.name), id)
@@ -74,12 +80,24 @@ end
 -- a pool that names no preference prefers every class it accepts
 local function group_prefers(g, class) return g.any_preference == false or g.prefers[class] == true end
 
--- filter: the replica runs the class; a guarded class only while it may take guarded work; and it has the
--- tokens (an idle replica takes any ticket it accepts)
-local function placement_fits(r, cost, class)
+-- keeps_reserve: taking guarded work leaves the group its reserve of replicas holding none (one already
+-- holding guarded work changes nothing)
+local function keeps_reserve(r, clean_in_group)
+  return r.guarded_held > 0 or clean_in_group - 1 >= r.reserve
+end
+
+-- filter: the replica runs the class; a guarded class only while it may take guarded work and its group
+-- keeps its reserve; and it has the tokens (an idle replica takes any ticket it accepts)
+local function placement_fits(r, cost, class, clean_in_group)
   if not r.accepts[class] then return false end
   if r.guarded[class] and not takes_guarded(r, r.pending) then return false end
+  if r.guarded[class] and not keeps_reserve(r, clean_in_group) then return false end
   return r.tokens_free >= cost or r.slots_free == r.slots_total
+end
+
+-- how many of the group's registered replicas hold no guarded work now (each grant may change it)
+local function group_clean(g)
+  return tonumber(redis.call("HGET", K_GROUPS, g.name) or "0") - redis.call("SCARD", k_guarded_holders(g.name))
 end
 
 -- scorer, as an order: a replica preferring the class, holding no guarded work, least pending work, most
@@ -144,7 +162,7 @@ local function best_in_group(g, band, cost, class)
     for i = 1, #page, 2 do
       local id, score = page[i], tonumber(page[i + 1])
       local f = redis.call("HMGET", k_replica(id), "slots_free", "tokens_free", "slots_total", "guarded_held",
-        "step_tokens")
+        "step_tokens", "reserve")
       if f[1] then
         local slots_free = tonumber(f[1])
         local unit_score = score + slots_free
@@ -152,9 +170,9 @@ local function best_in_group(g, band, cost, class)
         if holds_guarded then unit_score = unit_score - GUARDED_UNIT end
         local r = {id = id, slots_free = slots_free, tokens_free = tonumber(f[2]), slots_total = tonumber(f[3]),
           guarded_held = tonumber(f[4] or "0"), step_tokens = tonumber(f[5] or "2048"),
-          pending = unit_score / PENDING_UNIT, holds_guarded = holds_guarded, accepts = g.accepts,
-          guarded = g.guarded, preferred = preferred}
-        if placement_fits(r, cost, class) then return r end
+          reserve = tonumber(f[6] or "0"), pending = unit_score / PENDING_UNIT, holds_guarded = holds_guarded,
+          accepts = g.accepts, guarded = g.guarded, preferred = preferred}
+        if placement_fits(r, cost, class, g.guarded[class] and group_clean(g) or 0) then return r end
       else  -- gone without leaving the index (never in a sound state): drop it
         redis.call("ZREM", index, id)
         next_start = next_start - 1

@@ -2,7 +2,7 @@
 -- A replica held out (deregister_replica's hold_ms) is not registered again until its hold ends.
 -- A new replica's signals start stale (the gate's concurrency cap) until its first report.
 -- PAYLOAD: {replica_id, slots_total, tokens_total, accepts: [class...], prefers: [class...],
---          guarded: [class...], pool, step_tokens, prefill_chunk, lease_ms}
+--          guarded: [class...], pool, step_tokens, prefill_chunk, reserve, lease_ms}
 reap()
 local p = PAYLOAD
 if p.slots_total >= 524288 or p.tokens_total >= TOKENS_LIMIT or p.step_tokens < 1 then
@@ -37,7 +37,7 @@ end
 if joins_group then redis.call("HINCRBY", K_GROUPS, group, 1) end
 redis.call("HSET", key, "slots_total", p.slots_total, "tokens_total", p.tokens_total, "accepts", accepts,
   "prefers", prefers, "pool", p.pool, "group", group, "slots_free", slots_free, "tokens_free", tokens_free,
-  "step_tokens", p.step_tokens, "prefill_chunk", p.prefill_chunk)
+  "step_tokens", p.step_tokens, "prefill_chunk", p.prefill_chunk, "reserve", p.reserve or 0)
 index_replica(p.replica_id)
 redis.call("ZADD", K_REPLICAS, NOW + p.lease_ms, p.replica_id)
 return reply({grants = dispatch()})

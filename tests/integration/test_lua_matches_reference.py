@@ -58,7 +58,7 @@ def _signals(rng: random.Random) -> EngineSignals:
                          kv_usage=rng.choice([0.0, 0.3, 0.6, 0.85, 0.95, 0.99]), received=rng.randint(0, 99))
 
 
-def _replica(rng: random.Random, replica_id: str, fleet: str) -> ReplicaCapacity:
+def _replica(rng: random.Random, replica_id: str, fleet: str, reserve: int = 0) -> ReplicaCapacity:
     if fleet == "identical":  # every placement is decided by the tie-break
         return ReplicaCapacity(replica_id, slots_total=3, tokens_total=600, step_tokens=200)
     if fleet == "pools":  # a latency pool that guards long prompts beside a throughput pool built for them
@@ -67,14 +67,15 @@ def _replica(rng: random.Random, replica_id: str, fleet: str) -> ReplicaCapacity
         return ReplicaCapacity(replica_id, slots_total=rng.randint(2, 4), tokens_total=rng.choice([600, 1500]),
                                prefers=prefers, pool="latency" if latency else "throughput",
                                guarded=guarded_classes({"short", "long"}, prefers, ["short", "long"]),
-                               step_tokens=rng.choice([100, 200]), prefill_chunk=rng.choice([0, 50]))
+                               step_tokens=rng.choice([100, 200]), prefill_chunk=rng.choice([0, 50]),
+                               reserve=reserve if latency else 0)
     accepts = rng.choice([frozenset({"short", "long"}), frozenset({"short"}), frozenset({"long"})])
     prefers = frozenset(c for c in accepts if rng.random() < 0.4)
     # few distinct sizes, so placement ties (and their tie-break) happen often
     return ReplicaCapacity(replica_id, slots_total=rng.randint(1, 4), tokens_total=rng.choice([300, 600, 1500]),
                            accepts=accepts, prefers=prefers, pool=rng.choice(["latency", "throughput"]),
                            guarded=guarded_classes(accepts, prefers, ["short", "long"]),
-                           step_tokens=rng.choice([100, 200]))
+                           step_tokens=rng.choice([100, 200]), reserve=reserve)
 
 
 def _state_matches(lua: Any, ref: ReferenceScheduler, now: int) -> int:
@@ -133,7 +134,9 @@ def test_random_workload_same_decisions(redis_url: str, seed: int, fleet: str) -
             outcome = lua.deregister_replica(replica_id, now, hold_ms=hold_ms)
             assert outcome == ref.deregister_replica(replica_id, now, hold_ms=hold_ms)
         elif op < 0.52:
-            replica = _replica(rng, rng.choice(replica_ids), fleet)
+            replica_id = rng.choice(replica_ids)  # odd seeds: a reserve of one replica free of guarded work
+            # (replica-0 has none: a group's replicas differ while a config change rolls out)
+            replica = _replica(rng, replica_id, fleet, reserve=seed % 2 if replica_id != "replica-0" else 0)
             outcome = lua.register_replica(replica, LEASE_MS, now)
             assert outcome == ref.register_replica(replica, now, LEASE_MS)
         elif op < 0.64 or step % 40 == 39:  # a replica reports; it acknowledges some grants (its own, others',

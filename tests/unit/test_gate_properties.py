@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.gate import gate_open, pending
-from policies.placement import fits, takes_guarded
+from policies.placement import clean_replicas, fits, group_of, takes_guarded
 from policies.reference_scheduler import ReferenceScheduler
 from policies.types import BandPolicy, EngineSignals, ReplicaCapacity, TicketSpec
 
@@ -34,9 +34,9 @@ BANDS = [BandPolicy("interactive", max_unstarted_steps=3.0, kv_ceiling=0.95),
 LIMITS = {band.name: band for band in BANDS}
 
 
-def _fleet() -> list[ReplicaCapacity]:
+def _fleet(reserve: int = 0) -> list[ReplicaCapacity]:
     latency = [ReplicaCapacity(f"lat{i}", 8, 5_000, frozenset({"short", "long"}), "latency", frozenset({"short"}),
-                               frozenset({"long"}), step_tokens=400) for i in range(2)]
+                               frozenset({"long"}), step_tokens=400, reserve=reserve) for i in range(2)]
     throughput = [ReplicaCapacity(f"thr{i}", 8, 5_000, frozenset({"short", "long"}), "throughput",
                                   frozenset({"long"}), step_tokens=1600) for i in range(2)]
     return latency + throughput
@@ -57,11 +57,13 @@ operations = st.lists(
 
 
 def _placeable(scheduler: ReferenceScheduler) -> list[tuple[str, str]]:
-    """(ticket, replica) pairs where a waiting ticket could run now on a replica open to its band."""
+    """(ticket, replica) pairs where a waiting ticket could run now on a replica open to its band (and, for
+    a guarded class, its group keeps its reserve)."""
+    clean = clean_replicas(scheduler.replicas.values())
     return [(t.spec.ticket_id, r.replica_id)
             for t in scheduler.tickets.values() if t.granted_to is None
             for r in scheduler.replicas.values()
-            if gate_open(r, LIMITS[t.band]) and fits(r, t.spec.cost, t.spec.length_class)]
+            if gate_open(r, LIMITS[t.band]) and fits(r, t.spec.cost, t.spec.length_class, clean[group_of(r)])]
 
 
 def _apply(scheduler: ReferenceScheduler, op: tuple, index: int, now: int) -> tuple[list, int]:
@@ -82,9 +84,9 @@ def _apply(scheduler: ReferenceScheduler, op: tuple, index: int, now: int) -> tu
     return [], now
 
 
-def _run(ops, check) -> None:
+def _run(ops, check, reserve: int = 0) -> None:
     scheduler = ReferenceScheduler(BANDS, signal_stale_ms=STALE_MS)
-    for replica in _fleet():
+    for replica in _fleet(reserve):
         scheduler.register_replica(replica, 0, LEASE)
     now = 0
     for index, op in enumerate(ops):
@@ -119,6 +121,17 @@ def test_work_conserving_no_open_replica_idles_while_a_ticket_it_can_run_waits(o
         assert _placeable(scheduler) == []
 
     _run(ops, check)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=operations)
+def test_a_pools_reserve_stays_free_of_guarded_work_and_the_rest_is_work_conserving(ops) -> None:
+    def check(scheduler: ReferenceScheduler, grants, before) -> None:
+        latency = [r for r in scheduler.replicas.values() if r.pool == "latency"]
+        assert sum(r.guarded_held == 0 for r in latency) >= 1  # its reserve: one holds no long prompt
+        assert _placeable(scheduler) == []  # no other replica idles while a ticket it may run waits
+
+    _run(ops, check, reserve=1)
 
 
 @settings(max_examples=300, deadline=None)
@@ -234,3 +247,21 @@ def test_short_requests_keep_away_from_a_replica_prefilling_long_prompts() -> No
     assert placed("s", "interactive", 50, "short", 3) == ["lat1"]
     # and lat1, now holding short work, takes no long prompt: the next one joins lat0 (300 pending fit a step)
     assert placed("l2", "batch", 300, "long", 4) == ["lat0"]
+
+
+def test_with_a_reserve_of_one_the_second_latency_replica_stays_free_for_short_work() -> None:
+    for reserve, second_long_on in ((0, "lat1"), (1, None)):
+        scheduler = ReferenceScheduler(BANDS, signal_stale_ms=STALE_MS)
+        for replica in _fleet(reserve)[:2]:
+            scheduler.register_replica(replica, 0, LEASE)
+            scheduler.report_signals(replica.replica_id, EngineSignals(), [], 0)
+        first = scheduler.enqueue(TicketSpec("l0", "a", "batch", 500, 1.0, "long"), 1, LEASE).grants
+        assert [g.replica_id for g in first] == ["lat0"]
+        scheduler.report_signals("lat0", EngineSignals(unstarted_tokens=450), ["l0"], 2)  # over a step: full
+        second = scheduler.enqueue(TicketSpec("l1", "a", "batch", 500, 1.0, "long"), 3, LEASE).grants
+        assert [g.replica_id for g in second] == ([second_long_on] if second_long_on else [])
+        if reserve:  # the short request finds the replica kept free; the long one waits for lat0
+            short = scheduler.enqueue(TicketSpec("s", "b", "interactive", 50), 4, LEASE).grants
+            assert [g.replica_id for g in short] == ["lat1"]
+            scheduler.complete("l0", 500, 5)
+            assert [g.ticket_id for g in scheduler.report_signals("lat0", EngineSignals(), [], 6)] == ["l1"]
