@@ -76,6 +76,8 @@ class ReplicaState(BaseModel):
     signals_at_ms: int = 0
     guarded_held: int = 0
     """Grants of classes it takes only when it holds none of its own work (long prompts on a latency replica)."""
+    reserve: int = 0
+    """Its pool's reserve: replicas of its group kept free of such grants."""
     open_bands: Annotated[list[str], BeforeValidator(_as_list)] = Field(default_factory=list)
 
     @property

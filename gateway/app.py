@@ -54,7 +54,8 @@ def _bind_pool(pool: PoolConfig, config: AppConfig) -> Application:
         model_path=config.model.path, served_model_name=config.model.name, engine=pool.engine.model_dump(),
         cpu_binding=pool.cpu_binding, cache_dir=config.cache_dir,
         queue=config.queue if config.queue.enabled else None, pool=pool.name, accepts=config.pool_accepts(pool),
-        prefers=pool.prefers, reserve=pool.reserve, metrics_interval_s=config.metrics.publish_interval_s, simulated=config.model.simulated,
+        prefers=pool.prefers, reserve=pool.reserve, metrics_interval_s=config.metrics.publish_interval_s,
+        simulated=config.model.simulated,
         time_scale=config.model.simulated_time_scale, stream_batching_interval_ms=pool.stream_batching_interval_ms,
     )
     return deployment.bind(spec)

@@ -116,16 +116,15 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from redis.exceptions import RedisError
+
     from fleet.blocking import blocking
     from fleet.connection import global_queue, redis_client
     from fleet.metrics_board import MetricsBoard
-    from gateway.status_view import render_status
 
     queue_config = _app_args(args.config)["queue"]
     url = args.redis_url or queue_config.resolved_redis_url()
     queue = blocking(lambda: global_queue(queue_config, redis_client(queue_config, url=url)))
-    from redis.exceptions import RedisError
-
     board = MetricsBoard(queue.client, queue.keys, ttl_s=1)
     while True:
         try:
@@ -144,6 +143,8 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _status_view(queue: Any, board: Any, shown_url: str) -> str:
+    from gateway.status_view import render_status
+
     published = queue.run(board.read())
     sources = queue.run(board.live_sources())
     stale = [labels.get("gateway", "?") for labels, text in published

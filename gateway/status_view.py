@@ -56,7 +56,13 @@ def _replica_row(replica: ReplicaState, now_ms: int, bands: list[str]) -> list[A
     return [replica.replica_id, replica.pool, slots,
             f"{replica.pending}/{replica.step_tokens}", f"{replica.unstarted}+{replica.in_flight} in flight",
             replica.running, replica.waiting, f"{replica.kv_usage:.2f}", signals, open_to,
-            ",".join(replica.accepts), ",".join(replica.prefers) or "-", f"{lease_s:.1f}s"]
+            ",".join(replica.accepts), _preference(replica), f"{lease_s:.1f}s"]
+
+
+def _preference(replica: ReplicaState) -> str:
+    """The classes its pool is built for, and the reserve its pool keeps free of the others."""
+    prefers = ",".join(replica.prefers) or "-"
+    return f"{prefers} (reserve {replica.reserve})" if replica.reserve else prefers
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:

@@ -34,7 +34,7 @@ for i = 1, #ids, 2 do
     unstarted_tokens = state.unstarted_tokens, step_tokens = state.step_tokens,
     running = tonumber(r[4] or "0"), waiting = tonumber(r[5] or "0"),
     kv_usage = state.kv, received = tonumber(r[6] or "0"), signals_at_ms = tonumber(r[7] or "0"),
-    guarded_held = state.guarded_held, open_bands = open}
+    guarded_held = state.guarded_held, reserve = state.reserve, open_bands = open}
 end
 local served = {}
 local served_flat = redis.call("HGETALL", K_SERVED)

@@ -94,3 +94,21 @@ async def test_metrics_board_shows_live_sources_only(redis_url: str) -> None:
         await asyncio.sleep(0.01)
     assert [labels["gateway"] for labels, _ in await board.read()] == ["b"]
     assert await client.smembers(keys.metrics_sources()) == {b"gateway:b"}
+
+
+def test_status_cli_shows_each_replica_and_its_pools_reserve(redis_url: str, tmp_path,
+                                                             capsys: pytest.CaptureFixture) -> None:
+    from gateway.cli import main as fleetgate
+    from tests.conftest import REPO_ROOT
+
+    keys = QueueKeys(namespace=f"st{uuid.uuid4().hex[:10]}")
+    replica = ReplicaCapacity("lat-1", 4, 10**6, frozenset({"short", "long"}), "latency", frozenset({"short"}),
+                              frozenset({"long"}), reserve=1)
+    asyncio.run(_queue(redis_url, keys).register_replica(replica, lease_ms=10**9))
+    config = REPO_ROOT / "deploy" / "local.yaml"
+    local = config.read_text().replace("namespace: local", f"namespace: {keys.namespace}")
+    assert local != config.read_text()
+    (tmp_path / "local.yaml").write_text(local)
+    assert fleetgate(["status", "--config", str(tmp_path / "local.yaml"), "--redis-url", redis_url]) == 0
+    out = capsys.readouterr().out
+    assert "lat-1" in out and "short (reserve 1)" in out, out
