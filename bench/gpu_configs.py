@@ -29,6 +29,8 @@ def gateway_config(gpus: int) -> dict:
     else:
         latency["num_replicas"] = gpus // 2
         throughput["num_replicas"] = gpus - gpus // 2
+    # the latency pool's reserve needs a replica beside it to take long prompts at all
+    latency["reserve"] = min(latency.get("reserve", 0), latency["num_replicas"] - 1)
     args["gateway"]["num_replicas"] = min(args["gateway"]["num_replicas"], max(1, gpus))
     # a benchmark on a machine of its own: tenants by header, no scrape key (the bench reads loop lag)
     args["access"] = {"allow_anonymous": True, "trust_tenant_header": True}

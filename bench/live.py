@@ -220,7 +220,7 @@ def _simulated_fleet(args: dict, system: str, profile_name: str, replicas: int) 
     args["gateway"].update({"num_replicas": 2, "num_cpus": 0.1})
     args["pools"] = [{
         "name": pool.name, "num_replicas": pool.replicas, "num_cpus": 0.02, "max_ongoing_requests": 4096,
-        "accepts": pool.accepts, "prefers": pool.prefers,
+        "accepts": pool.accepts, "prefers": pool.prefers, "reserve": pool.reserve,
         "engine": pool.engine.model_dump(),
     } for pool in spec.pools]
     args["queue"]["length_classes"] = [{"name": "short", "max_prompt_tokens": spec.short_prompt_tokens},

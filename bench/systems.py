@@ -154,7 +154,8 @@ def build_systems(profile_name: str, replicas: int, latency_share: float = 0.5) 
     priority_pool = [one_pool[0].model_copy(update={
         "engine": profile.default_engine.model_copy(update={"scheduling_policy": "priority"})})]
     split = [PoolSpec(name="latency", replicas=latency, engine=profile.latency_engine,
-                      accepts=profile.latency_accepts, prefers=["short"], reserve=profile.latency_reserve,
+                      accepts=profile.latency_accepts, prefers=["short"],
+                      reserve=min(profile.latency_reserve, latency - 1),  # it needs a replica beside it
                       kv_tokens=profile.kv_tokens)]
     if replicas > 1:
         split.append(PoolSpec(name="throughput", replicas=replicas - latency, engine=profile.throughput_engine,

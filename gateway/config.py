@@ -192,6 +192,20 @@ class AppConfig(BaseModel):
                              "length and may be placed on any pool; give every pool the same")
         return self
 
+    @model_validator(mode="after")
+    def _reserves_leave_room(self) -> "AppConfig":
+        from policies.placement import guarded_classes
+
+        order = [c.name for c in self.queue.length_classes]
+        for pool in (p for p in self.pools if p.reserve):
+            if not guarded_classes(self.pool_accepts(pool), pool.prefers, order):
+                raise ValueError(f"pool {pool.name!r} sets reserve {pool.reserve} but takes no class only while idle "
+                                 "(one longer than every class it prefers), so the reserve would change nothing")
+            if pool.reserve >= pool.num_replicas:
+                raise ValueError(f"pool {pool.name!r} would keep all {pool.num_replicas} of its replicas free of the "
+                                 f"longer classes (reserve {pool.reserve}); leave them out of its accepts instead")
+        return self
+
     def pool_plan(self) -> list[tuple[str, list[str], list[str]]]:
         """(name, accepts, prefers) of every pool, in config order."""
         return [(pool.name, self.pool_accepts(pool), pool.prefers) for pool in self.pools]

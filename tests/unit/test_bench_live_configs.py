@@ -18,14 +18,17 @@ LOCAL = Path(__file__).parents[2] / "deploy" / "local.yaml"
 
 
 @pytest.mark.parametrize("system", [s for s in SYSTEMS if s != PREFIX_AWARE])  # real engines only
-def test_simulated_fleet_config_is_valid(system: str) -> None:
+@pytest.mark.parametrize("replicas", [2, 16])
+def test_simulated_fleet_config_is_valid(system: str, replicas: int) -> None:
     args = copy.deepcopy(yaml.safe_load(LOCAL.read_text())["applications"][0]["args"])
-    _simulated_fleet(args, system, "gpu-h100-llama3-8b", 16)
+    _simulated_fleet(args, system, "gpu-h100-llama3-8b", replicas)
     config = AppConfig.model_validate(args)
     assert config.model.simulated == "gpu-h100-llama3-8b"
-    assert sum(pool.num_replicas for pool in config.pools) == 16
+    assert sum(pool.num_replicas for pool in config.pools) == replicas
     one_pool = system.startswith("baseline")
     assert len(config.pools) == (1 if one_pool else 2)
+    if not one_pool:  # deploy/gpu.yaml's reserve of one, where the latency pool has a replica beside it
+        assert config.pools[0].reserve == (1 if replicas == 16 else 0)
     if one_pool:
         policy = config.pools[0].engine.scheduling_policy
         assert policy == ("priority" if system == "baseline-priority" else "fcfs")

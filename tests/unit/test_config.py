@@ -92,6 +92,21 @@ def test_fcfs_engines_under_priority_bands_fail_loudly() -> None:
         AppConfig.model_validate(args)
 
 
+@pytest.mark.parametrize(("pool", "reserve", "message"), [
+    (0, 1, "leave them out of its accepts"),  # the local latency pool has one replica
+    (1, 1, "would change nothing"),  # the throughput pool prefers the longest class: it guards none
+])
+def test_a_reserve_that_cannot_do_what_it_says_fails_loudly(pool: int, reserve: int, message: str) -> None:
+    args = _local_args()
+    args["pools"][pool]["reserve"] = reserve
+    with pytest.raises(ValidationError, match=message):
+        AppConfig.model_validate(args)
+    args["pools"][0]["num_replicas"] = 2
+    args["pools"][1]["reserve"] = 0
+    args["pools"][0]["reserve"] = 1
+    assert AppConfig.model_validate(args).pools[0].reserve == 1
+
+
 def test_pools_that_disagree_on_the_context_length_fail_loudly() -> None:
     args = _local_args()
     args["pools"][0]["engine"]["max_model_len"] = 2048
