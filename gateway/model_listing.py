@@ -9,8 +9,20 @@ from gateway.tenants import Tenant
 
 
 def visible_listing(listing: dict[str, Any], tenant: Tenant) -> dict[str, Any]:
-    """vLLM's ``/v1/models`` listing without the models ``tenant`` may not call."""
-    return {**listing, "data": [m for m in listing.get("data", []) if tenant.may_use_model(str(m.get("id")))]}
+    """vLLM's ``/v1/models`` listing without the models ``tenant`` may not call, and without the servers'
+    file paths (vLLM's ``root`` and ``parent`` name where a model or adapter was loaded from)."""
+    return {**listing, "data": [_without_paths(m) for m in listing.get("data", [])
+                                if tenant.may_use_model(str(m.get("id")))]}
+
+
+def _without_paths(model: dict[str, Any]) -> dict[str, Any]:
+    """A listing entry with each local path (``/...``, ``./...``) replaced by the model's id."""
+    return {key: model.get("id") if key in ("root", "parent") and _is_local_path(value) else value
+            for key, value in model.items()}
+
+
+def _is_local_path(value: Any) -> bool:
+    return isinstance(value, str) and (value.startswith(("/", "./", "../", "~")) or "\\" in value)
 
 
 def model_entry(listing: dict[str, Any], tenant: Tenant, model_id: str) -> dict[str, Any]:

@@ -38,6 +38,7 @@ def test_health(base_url: str) -> None:
 def test_list_models(client: openai.OpenAI) -> None:
     models = client.models.list()
     assert [model.id for model in models.data] == [TINY_MODEL_NAME]
+    assert "/" not in json.dumps(models.model_dump())  # vLLM's `root` (the model's folder) is not shown
     assert client.models.retrieve(TINY_MODEL_NAME).id == TINY_MODEL_NAME
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("no-such-model")

@@ -36,3 +36,15 @@ def test_an_unknown_model_is_404_naming_the_served_one_only_to_its_users_and_nev
     with pytest.raises(ModelNotFound) as caught:
         model_entry(LISTING, Tenant(id="all"), "y" * 100_000)
     assert len(caught.value.message) < 400
+
+
+def test_the_listing_never_shows_a_tenant_where_the_server_keeps_its_models() -> None:
+    listing = {"object": "list", "data": [
+        {"id": "llama", "object": "model", "root": "/models/Meta-Llama-3.1-8B-Instruct", "parent": None},
+        {"id": "sql-lora", "object": "model", "root": "./adapters/sql", "parent": "../base"},
+        {"id": "hub", "object": "model", "root": "meta-llama/Llama-3.1-8B", "parent": None},
+    ]}
+    shown = {m["id"]: (m["root"], m["parent"]) for m in visible_listing(listing, Tenant(id="all"))["data"]}
+    assert shown == {"llama": ("llama", None), "sql-lora": ("sql-lora", "sql-lora"),
+                     "hub": ("meta-llama/Llama-3.1-8B", None)}  # a hub id is public; a path is not
+    assert model_entry(listing, Tenant(id="all"), "llama")["root"] == "llama"
