@@ -69,8 +69,8 @@ def clean_replicas(replicas: Iterable[ReplicaCapacity]) -> dict[Group, int]:
 
 def keeps_reserve(replica: ReplicaCapacity, clean_in_group: int) -> bool:
     """True when taking guarded work leaves ``replica``'s group its reserve of replicas free of it (one
-    already holding guarded work changes nothing)."""
-    return replica.guarded_held > 0 or clean_in_group - 1 >= replica.reserve
+    already holding guarded work changes nothing; without a reserve there is nothing to keep)."""
+    return replica.guarded_held > 0 or replica.reserve == 0 or clean_in_group - 1 >= replica.reserve
 
 
 def fits(replica: ReplicaCapacity, cost: int, length_class: str, clean_in_group: int | None = None) -> bool:

@@ -81,9 +81,10 @@ end
 local function group_prefers(g, class) return g.any_preference == false or g.prefers[class] == true end
 
 -- keeps_reserve: taking guarded work leaves the group its reserve of replicas holding none (one already
--- holding guarded work changes nothing)
+-- holding guarded work changes nothing; without a reserve there is nothing to keep, so nothing is read).
+-- ``clean_in_group()`` reads the group's count of replicas holding none.
 local function keeps_reserve(r, clean_in_group)
-  return r.guarded_held > 0 or clean_in_group - 1 >= r.reserve
+  return r.guarded_held > 0 or r.reserve == 0 or clean_in_group() - 1 >= r.reserve
 end
 
 -- filter: the replica runs the class; a guarded class only while it may take guarded work and its group
@@ -95,7 +96,8 @@ local function placement_fits(r, cost, class, clean_in_group)
   return r.tokens_free >= cost or r.slots_free == r.slots_total
 end
 
--- how many of the group's registered replicas hold no guarded work now (each grant may change it)
+-- how many of the group's registered replicas hold no guarded work now (a grant may change it, so it is read
+-- afresh for each placement)
 local function group_clean(g)
   return tonumber(redis.call("HGET", K_GROUPS, g.name) or "0") - redis.call("SCARD", k_guarded_holders(g.name))
 end
@@ -155,6 +157,11 @@ end
 local function best_in_group(g, band, cost, class)
   local preferred = group_prefers(g, class)
   local index, start = class_index(g, band, class), 0
+  local clean  -- read once for this placement, and only if a candidate's reserve needs it
+  local function clean_in_group()
+    if clean == nil then clean = group_clean(g) end
+    return clean
+  end
   while true do
     local page = redis.call("ZRANGE", index, start, start + 7, "WITHSCORES")
     if not page[1] then return nil end
@@ -172,7 +179,7 @@ local function best_in_group(g, band, cost, class)
           guarded_held = tonumber(f[4] or "0"), step_tokens = tonumber(f[5] or "2048"),
           reserve = tonumber(f[6] or "0"), pending = unit_score / PENDING_UNIT, holds_guarded = holds_guarded,
           accepts = g.accepts, guarded = g.guarded, preferred = preferred}
-        if placement_fits(r, cost, class, g.guarded[class] and group_clean(g) or 0) then return r end
+        if placement_fits(r, cost, class, clean_in_group) then return r end
       else  -- gone without leaving the index (never in a sound state): drop it
         redis.call("ZREM", index, id)
         next_start = next_start - 1
