@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -107,11 +108,14 @@ class GlobalQueue:
     """The Redis global queue of one namespace; every call is one atomic script (reap, apply, dispatch).
 
     Method for method the same calls, arguments and results as :class:`policies.reference_scheduler.
-    ReferenceScheduler`, with an optional explicit clock (``now_ms``; None: the Redis server's clock).
+    ReferenceScheduler`, with an optional explicit clock (``now_ms``; None: the queue's clock, from the Redis
+    server's wall clock, see :mod:`policies.clock`). ``wall_clock`` stands in for the server's wall clock
+    (tests of the queue's clock).
     """
 
     def __init__(self, client: aioredis.Redis, keys: QueueKeys, settings: QueueSettings,
-                 follow_up: bool = False, max_in_flight: int | None = None) -> None:
+                 follow_up: bool = False, max_in_flight: int | None = None,
+                 wall_clock: Callable[[], int] | None = None) -> None:
         self.client = client
         self.keys = keys
         self.settings = settings
@@ -122,14 +126,18 @@ class GlobalQueue:
         self._following: asyncio.Task | None = None
         # calls in flight wait here rather than fail at a connection pool's cap (a cluster client's raises)
         self._in_flight = asyncio.Semaphore(max_in_flight) if max_in_flight else None
+        self._wall_clock = wall_clock
 
     def on_client(self, client: aioredis.Redis) -> GlobalQueue:
         """The same queue through another client, with no bound on calls in flight (a lease keeper's own
         connection, so renewals never queue behind request traffic)."""
-        return GlobalQueue(client, self.keys, self.settings, follow_up=self._follow_up)
+        return GlobalQueue(client, self.keys, self.settings, follow_up=self._follow_up, wall_clock=self._wall_clock)
 
     async def _call(self, name: str, payload: dict[str, Any], now_ms: int | None) -> dict[str, Any]:
-        now = "" if now_ms is None else str(int(now_ms))
+        if now_ms is not None:
+            now = str(int(now_ms))
+        else:
+            now = "" if self._wall_clock is None else f"~{int(self._wall_clock())}"
         args = [self._config_json, now, json.dumps(payload)]
         async with self._in_flight or contextlib.nullcontext():
             raw = await self._scripts[name](keys=self._declared, args=args)

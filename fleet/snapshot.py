@@ -91,7 +91,8 @@ class QueueSnapshot(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    now_ms: int = 0
+    now_ms: int = 0  # the queue's clock (policies/clock.py), which leases and ages are measured against
+    wall_ms: int = 0  # the Redis server's wall clock at the same moment
     bands: Annotated[list[BandState], BeforeValidator(_as_list)]
     replicas: Annotated[list[ReplicaState], BeforeValidator(_as_list)] = Field(default_factory=list)
     stats: Annotated[dict[str, int], BeforeValidator(_as_map)] = Field(default_factory=dict)

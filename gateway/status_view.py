@@ -12,7 +12,7 @@ def render_status(snapshot: QueueSnapshot, namespace: str, redis_url: str, sourc
                   stale_tenants_file: list[str] | None = None) -> str:
     """A plain-text view of the global queue (one consistent snapshot); ``stale_tenants_file``: the gateways
     whose tenants file failed to reload (an older one is in force)."""
-    now = datetime.datetime.fromtimestamp(snapshot.now_ms / 1000, datetime.UTC)
+    now = datetime.datetime.fromtimestamp((snapshot.wall_ms or snapshot.now_ms) / 1000, datetime.UTC)
     lines = [f"fleetgate status  namespace={namespace}  redis={redis_url}  {now:%Y-%m-%d %H:%M:%S} UTC", ""]
     for gateway in stale_tenants_file or []:
         lines += [f"WARNING: gateway {gateway} could not reload the tenants file; an older one is in force "

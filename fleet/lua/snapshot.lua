@@ -42,5 +42,5 @@ for i = 1, #served_flat, 2 do served[served_flat[i]] = tonumber(served_flat[i + 
 local stats = {}
 local flat = redis.call("HGETALL", K_STATS)
 for i = 1, #flat, 2 do stats[flat[i]] = tonumber(flat[i + 1]) end
-return reply({now_ms = NOW, bands = bands, replicas = replicas, stats = stats, served = served,
+return reply({now_ms = NOW, wall_ms = WALL, bands = bands, replicas = replicas, stats = stats, served = served,
   tickets = redis.call("ZCARD", K_LEASES)})

@@ -9,18 +9,12 @@
 --   ARGV[1]  JSON config: {"bands": [{"name", "aging_ms", "max_queued", "max_queued_tokens", "max_unstarted_steps",
 --            "kv_ceiling"}], "max_grants": n, "bulk_limit": n, "lease_ms": n, "inbox_ttl_ms": n,
 --            "signal_stale_ms": n, "keys": {family: prefix}}
---   ARGV[2]  now in ms, or "" to use the Redis server's clock (production: one clock for all gateways)
+--   ARGV[2]  now in ms; "" for the queue's clock, from the Redis server's (production: one clock for all
+--            gateways); "~<ms>" for the queue's clock from this reading instead of the server's
 --   ARGV[3]  the script's own JSON payload
 -- Counters are doubles formatted with %.17g so they round-trip exactly (Python floats agree bit for bit).
 
 local CFG = cjson.decode(ARGV[1])
-local NOW
-if ARGV[2] ~= nil and ARGV[2] ~= "" then
-  NOW = tonumber(ARGV[2])
-else
-  local t = redis.call("TIME")
-  NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
 local PAYLOAD = cjson.decode(ARGV[3])
 -- the ticket this call is about: a grant to it is returned inline, so it is not also pushed to an inbox
 local INLINE_TICKET = PAYLOAD.ticket_id or ""
@@ -35,7 +29,8 @@ end
 -- the shape of the namespace's state: scripts of another shape must not run on it (its indexes would be
 -- wrong); a namespace left by an older release is refused with a clear error
 local STATE_VERSION = "3"
-local version = redis.call("HGET", KEYS[1], "version")
+local meta = redis.call("HMGET", KEYS[1], "version", "clock_wall", "clock_now")
+local version = meta[1]
 if not version then
   if redis.call("EXISTS", KEYS[5], KEYS[6]) > 0 then
     return redis.error_reply("fleetgate: this queue namespace holds state from an older release; " ..
@@ -45,6 +40,31 @@ if not version then
 elseif version ~= STATE_VERSION then
   return redis.error_reply("fleetgate: this queue namespace holds state of version " .. version ..
     "; this release uses version " .. STATE_VERSION)
+end
+
+-- the queue's clock (policies/clock.py): the server's wall clock, except that it never runs backwards and
+-- one step between calls counts at most half a lease, so a paused VM or a clock step drops no live lease
+local function queue_time(last_wall, last_now, wall, max_step)
+  if last_wall == nil or last_now == nil then return wall end
+  return last_now + math.min(math.max(wall - last_wall, 0), max_step)
+end
+
+-- NOW: the queue's time. ARGV[2] "" reads the server's wall clock (production), "~<ms>" stands in for that
+-- reading (tests of the clock), and any other number is taken as the time itself (tests of the policy).
+-- WALL: the wall clock, for display.
+local NOW, WALL
+if ARGV[2] ~= nil and ARGV[2] ~= "" and string.sub(ARGV[2], 1, 1) ~= "~" then
+  NOW = tonumber(ARGV[2])
+  WALL = NOW
+else
+  if ARGV[2] ~= nil and ARGV[2] ~= "" then
+    WALL = tonumber(string.sub(ARGV[2], 2))
+  else
+    local t = redis.call("TIME")
+    WALL = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  NOW = queue_time(tonumber(meta[2] or ""), tonumber(meta[3] or ""), WALL, math.max(math.floor(CFG.lease_ms / 2), 1))
+  redis.call("HSET", KEYS[1], "clock_wall", string.format("%.17g", WALL), "clock_now", string.format("%.17g", NOW))
 end
 
 local BANDS = {}
