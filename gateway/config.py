@@ -204,6 +204,15 @@ class AppConfig(BaseModel):
             if pool.reserve >= pool.num_replicas:
                 raise ValueError(f"pool {pool.name!r} would keep all {pool.num_replicas} of its replicas free of the "
                                  f"longer classes (reserve {pool.reserve}); leave them out of its accepts instead")
+            # the queue counts a reserve over the replicas that take and prefer the same classes (a placement
+            # group), so a pool sharing its group with another would count the other pool's replicas as its own
+            twins = [other.name for other in self.pools if other is not pool
+                     and sorted(self.pool_accepts(other)) == sorted(self.pool_accepts(pool))
+                     and sorted(other.prefers) == sorted(pool.prefers)]
+            if twins:
+                raise ValueError(f"pool {pool.name!r} sets reserve {pool.reserve} but pool {twins[0]!r} accepts and "
+                                 "prefers the same classes, and a reserve counts every such replica; merge the two "
+                                 "pools, or make their accepts or prefers differ")
         return self
 
     def pool_plan(self) -> list[tuple[str, list[str], list[str]]]:

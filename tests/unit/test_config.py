@@ -107,6 +107,18 @@ def test_a_reserve_that_cannot_do_what_it_says_fails_loudly(pool: int, reserve: 
     assert AppConfig.model_validate(args).pools[0].reserve == 1
 
 
+def test_a_reserve_on_a_pool_whose_twin_shares_its_placement_group_fails_loudly() -> None:
+    args = _local_args()
+    args["pools"][0]["num_replicas"] = 2
+    args["pools"][0]["reserve"] = 1
+    twin = {**args["pools"][0], "name": "latency-b", "reserve": 0}
+    args["pools"].append(twin)
+    with pytest.raises(ValidationError, match="'latency-b' accepts and prefers the same classes"):
+        AppConfig.model_validate(args)
+    twin["prefers"] = ["short", "long"]
+    assert AppConfig.model_validate(args).pools[0].reserve == 1
+
+
 def test_pools_that_disagree_on_the_context_length_fail_loudly() -> None:
     args = _local_args()
     args["pools"][0]["engine"]["max_model_len"] = 2048
