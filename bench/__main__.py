@@ -220,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
                 entry["systems"][label] = summarise(got, scenario.slo, scenario.fairness_window_s)
                 if getattr(runner, "last_headroom", None) is not None:
                     entry["systems"][label]["headroom"] = runner.last_headroom
+                if getattr(runner, "last_engine_time", None) is not None:
+                    entry["systems"][label]["engine_time"] = runner.last_engine_time
                 if not without:
                     records.setdefault(scenario.name, {})[label] = got
                 args.out.mkdir(parents=True, exist_ok=True)  # what has run so far survives a later failure
@@ -294,9 +296,12 @@ class _SimRunner:
         self.note = f"cost model: {self.cost.source}"
 
     def run(self, system: str, scenario: Scenario, workload: list[PlannedRequest], progress) -> list[RequestRecord]:
-        from bench.des import simulate
+        from bench.des import FleetSimulation, engine_time
 
-        return simulate(self.systems[system], self.cost, workload, seed=scenario.seed, progress=progress)
+        simulation = FleetSimulation(self.systems[system], self.cost, seed=scenario.seed)
+        records = simulation.run(workload, progress)
+        self.last_engine_time = engine_time(simulation)
+        return records
 
     def close(self) -> None:
         pass

@@ -68,6 +68,9 @@ class FleetSimulation:
         self.scheduler: ReferenceScheduler | None = None
         self._classes = LengthClasses.from_bounds([("short", system.short_prompt_tokens), ("long", None)])
         self._progress: Callable[[int], None] | None = None
+        # engine seconds per pool and step mix: which length classes each step carried ("short", "long",
+        # "long+short"): where a fleet's time goes, e.g. steps that carry only short work on a latency replica
+        self.engine_seconds: dict[str, dict[str, float]] = {name: {} for name in self.pools}
         if system.routing == "global-queue":
             self._start_queue()
 
@@ -137,6 +140,9 @@ class FleetSimulation:
             return
         replica.stepping = True
         replica.plan = plan
+        mix = "+".join(sorted({self._classes.classify(request.prompt_tokens) for request, _ in plan.work}))
+        spent = self.engine_seconds[replica.pool.name]
+        spent[mix] = spent.get(mix, 0.0) + plan.duration_s
         for request in plan.admitted:
             self.records[request.request_id].engine_start_s = self.now
         self.at(self.now + plan.duration_s, lambda: self._step_done(replica))
@@ -243,3 +249,11 @@ def simulate(system: SystemSpec, cost: StepCostModel, workload: list[PlannedRequ
              progress: Callable[[int], None] | None = None) -> list[RequestRecord]:
     """Run ``workload`` through ``system`` on simulated engines; one record per request."""
     return FleetSimulation(system, cost, seed).run(workload, progress)
+
+
+def engine_time(simulation: FleetSimulation) -> dict[str, dict[str, float]]:
+    """Per pool: its replicas, and the engine seconds per replica spent on steps of each mix of length classes
+    (``short``, ``long``, ``long+short``), after a run."""
+    return {pool: {"replicas": len(simulation.pools[pool]),
+                   **{mix: round(seconds / len(simulation.pools[pool]), 3) for mix, seconds in sorted(spent.items())}}
+            for pool, spent in simulation.engine_seconds.items()}

@@ -52,6 +52,7 @@ def markdown(results: dict[str, Any]) -> str:
             lines.append("| " + " | ".join(row) + " |")
         lines += _wait_table(scenario)
         lines += _headroom_table(scenario)
+        lines += _engine_time_table(scenario)
         tenants = sorted({t for summary in scenario["systems"].values() for t in summary["tenants"]})
         lines += ["", "TTFT p50 / p99 (s) per tenant:", "",
                   "| system | " + " | ".join(tenants) + " |", "|" + "---|" * (len(tenants) + 1)]
@@ -93,6 +94,20 @@ def _headroom_table(scenario: dict) -> list[str]:
             "the ingress is starved):", "",
             "| system | engines | rest | idle (least) | client lag | gateway lag | Serve lag | regime |",
             "|---|---|---|---|---|---|---|---|", *rows]
+
+
+def _engine_time_table(scenario: dict) -> list[str]:
+    """Simulated runs: engine seconds per replica, per pool, by the length classes each step carried."""
+    runs = {system: summary["engine_time"] for system, summary in scenario["systems"].items()
+            if summary.get("engine_time")}
+    if not runs:
+        return []
+    mixes = sorted({mix for pools in runs.values() for spent in pools.values() for mix in spent if mix != "replicas"})
+    rows = [f"| {system} | {pool} ×{spent['replicas']} | " + " | ".join(f"{spent.get(mix, 0):.1f}" for mix in mixes)
+            + f" | {sum(spent.get(mix, 0) for mix in mixes):.1f} |"
+            for system, pools in runs.items() for pool, spent in pools.items()]
+    return ["", "Engine time per replica (s), by the length classes a step carried:", "",
+            "| system | pool | " + " | ".join(mixes) + " | all |", "|" + "---|" * (len(mixes) + 3), *rows]
 
 
 def _wait_table(scenario: dict) -> list[str]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.des import FleetSimulation, simulate
+from bench.des import FleetSimulation, engine_time, simulate
 from bench.metrics import summarise
 from bench.systems import PREFIX_AWARE, SYSTEMS, build_systems
 from bench.workload import Scenario, generate
@@ -72,3 +72,30 @@ def test_a_burst_does_not_take_the_steady_tenants_share_through_the_gateway() ->
 
 def test_the_simulator_builds_every_system_but_the_live_only_prefix_aware_one() -> None:
     assert tuple(build_systems("gpu-h100-llama3-8b", 16)) == tuple(s for s in SYSTEMS if s != PREFIX_AWARE)
+
+
+def test_engine_time_accounts_for_every_step_by_the_classes_it_carried(overload: Scenario) -> None:
+    workload = generate(overload, rate_scale=3.0, duration_scale=0.5)
+    sim = FleetSimulation(build_systems("cpu-tiny", 2)["gateway"], CPU_TINY_MODEL, seed=1)
+    spent: dict[str, float] = {}
+    original = sim._step
+
+    def timed(replica):  # every step's duration, as the engines ran it
+        original(replica)
+        if replica.stepping:
+            spent[replica.pool.name] = spent.get(replica.pool.name, 0.0) + replica.plan.duration_s
+
+    sim._step = timed
+    sim.run(workload)
+    pools = engine_time(sim)
+    for pool, by_mix in pools.items():
+        mixes = {mix: seconds for mix, seconds in by_mix.items() if mix != "replicas"}
+        assert set(mixes) <= {"short", "long", "long+short"}
+        assert sum(mixes.values()) * by_mix["replicas"] == pytest.approx(spent[pool], abs=0.01)
+    # the throughput pool runs long prompts; short ones go to it only when the latency pool is full
+    assert pools["throughput"].get("long", 0) > 0
+    shorts_only = [r for r in workload if r.prompt_tokens <= 256][:20]  # local.yaml's short: up to 512 tokens
+    assert len(shorts_only) == 20
+    short_sim = FleetSimulation(build_systems("cpu-tiny", 2)["baseline"], CPU_TINY_MODEL, seed=1)
+    short_sim.run(shorts_only)
+    assert all(set(by_mix) <= {"replicas", "short"} for by_mix in engine_time(short_sim).values())
