@@ -96,10 +96,16 @@ def queue_families(snapshot: QueueSnapshot, tenant_labels: bool = True) -> list[
             signals[name].add_metric(key, value)
         for band in snapshot.bands:
             gate_open.add_metric(key + [band.name], int(band.name in replica.open_bands))
+    clock_behind = GaugeMetricFamily("fleetgate_queue_clock_behind_seconds", "How far the queue's clock runs behind "
+                                     "the Redis server's wall clock: what it cut from wall-clock jumps (a paused VM, an "
+                                     "NTP step), so that no live lease lapsed. It grows only at a jump.")
+    if snapshot.wall_ms:
+        clock_behind.add_metric([], max(0, snapshot.wall_ms - snapshot.now_ms) / 1000)
     events = Metric("fleetgate_queue_events", "Global queue events since the queue began (all gateways).", "counter")
     for event, count in sorted(snapshot.stats.items()):
         events.add_sample("fleetgate_queue_events_total", {"event": event.replace(":", "_")}, count)
-    return [*_band_families(snapshot, tenant_labels), *replica_gauges.values(), *signals.values(), gate_open, events]
+    return [*_band_families(snapshot, tenant_labels), *replica_gauges.values(), *signals.values(), gate_open,
+            clock_behind, events]
 
 
 

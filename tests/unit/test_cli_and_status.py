@@ -68,6 +68,9 @@ def test_status_view_shows_bands_tenants_replicas_gates_and_gateways() -> None:
     assert "WARNING" not in view
     warned = render_status(snapshot, "local", "redis://127.0.0.1:6399/0", ["gateway:gw-a"], ["gw-a"])
     assert "WARNING: gateway gw-a could not reload the tenants file" in warned
+    assert "behind the wall clock" not in view
+    cut = render_status(snapshot.model_copy(update={"wall_ms": 1_030_000}), "local", "redis://127.0.0.1:6399/0", [])
+    assert "the queue's clock runs 30.0 s behind the wall clock" in cut
 
 
 def test_add_key_changes_nothing_else_in_the_shipped_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -57,3 +57,9 @@ def test_tenant_labels_can_be_blanked() -> None:
     samples = _samples(render_fleet([], snapshot, tenant_labels=False))
     assert samples[("fleetgate_queue_depth", (("band", "b"), ("tenant", "")))] == 3
     assert GatewayMetrics(tenant_labels=False).tenant("acme") == ""
+
+
+def test_the_queue_clock_behind_the_wall_clock_is_exported() -> None:
+    snapshot = QueueSnapshot.model_validate({"now_ms": 1_000_000, "wall_ms": 1_012_500, "bands": [], "replicas": [],
+                                             "stats": {}})
+    assert _samples(render_fleet([], snapshot))[("fleetgate_queue_clock_behind_seconds", ())] == 12.5
