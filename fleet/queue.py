@@ -22,6 +22,7 @@ import redis.asyncio as aioredis
 from fleet.keys import QueueKeys
 from fleet.snapshot import QueueSnapshot
 from fleet.rate_limits import RateLimits
+from policies.clock import max_step_ms
 from policies.types import (
     BandPolicy,
     CancelResult,
@@ -77,6 +78,7 @@ class QueueSettings:
             ],
             "max_grants": self.max_grants, "bulk_limit": self.bulk_limit, "lease_ms": self.lease_ms,
             "inbox_ttl_ms": self.inbox_ttl_ms, "signal_stale_ms": self.signal_stale_ms, "max_flows": self.max_flows,
+            "clock_step_ms": max_step_ms(self.lease_ms),
             "keys": keys.families(),
         })  # fmt: skip
 

@@ -10,7 +10,7 @@ half their length, and the next renewals restore them. A holder that really died
 others' calls carry the clock past its lease as before. After a cut the clock runs behind the wall clock
 by what was cut (``fleetgate status`` shows the wall clock).
 
-Mirrored in fleet/lua/state.lua (``queue_time``).
+Mirrored in fleet/lua/state.lua (``queue_time``), which gets ``max_step_ms`` in its config (fleet/queue.py).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@
 --   KEYS     the namespace's fixed keys, in fleet/keys.py DECLARED order (all share one {hash tag})
 --   ARGV[1]  JSON config: {"bands": [{"name", "aging_ms", "max_queued", "max_queued_tokens", "max_unstarted_steps",
 --            "kv_ceiling"}], "max_grants": n, "bulk_limit": n, "lease_ms": n, "inbox_ttl_ms": n,
---            "signal_stale_ms": n, "keys": {family: prefix}}
+--            "signal_stale_ms": n, "clock_step_ms": n, "keys": {family: prefix}}
 --   ARGV[2]  now in ms; "" for the queue's clock, from the Redis server's (production: one clock for all
 --            gateways); "~<ms>" for the queue's clock from this reading instead of the server's
 --   ARGV[3]  the script's own JSON payload
@@ -63,7 +63,7 @@ else
     local t = redis.call("TIME")
     WALL = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
-  NOW = queue_time(tonumber(meta[2] or ""), tonumber(meta[3] or ""), WALL, math.max(math.floor(CFG.lease_ms / 2), 1))
+  NOW = queue_time(tonumber(meta[2] or ""), tonumber(meta[3] or ""), WALL, CFG.clock_step_ms)
   redis.call("HSET", KEYS[1], "clock_wall", string.format("%.17g", WALL), "clock_now", string.format("%.17g", NOW))
 end
 
