@@ -99,6 +99,11 @@ class QueueSnapshot(BaseModel):
     served: Annotated[dict[str, int], BeforeValidator(_as_map)] = Field(default_factory=dict)
     tickets: int = 0
 
+    @property
+    def clock_behind_s(self) -> float:
+        """How far the queue's clock runs behind the wall clock: what it cut from wall-clock jumps."""
+        return max(0, self.wall_ms - self.now_ms) / 1000 if self.wall_ms else 0.0
+
     def band(self, name: str) -> BandState:
         """The band called ``name``."""
         return next(band for band in self.bands if band.name == name)

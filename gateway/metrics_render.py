@@ -100,7 +100,7 @@ def queue_families(snapshot: QueueSnapshot, tenant_labels: bool = True) -> list[
                                      "the Redis server's wall clock: what it cut from wall-clock jumps (a paused VM, an "
                                      "NTP step), so that no live lease lapsed. It grows only at a jump.")
     if snapshot.wall_ms:
-        clock_behind.add_metric([], max(0, snapshot.wall_ms - snapshot.now_ms) / 1000)
+        clock_behind.add_metric([], snapshot.clock_behind_s)
     events = Metric("fleetgate_queue_events", "Global queue events since the queue began (all gateways).", "counter")
     for event, count in sorted(snapshot.stats.items()):
         events.add_sample("fleetgate_queue_events_total", {"event": event.replace(":", "_")}, count)

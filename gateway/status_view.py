@@ -14,9 +14,8 @@ def render_status(snapshot: QueueSnapshot, namespace: str, redis_url: str, sourc
     whose tenants file failed to reload (an older one is in force)."""
     now = datetime.datetime.fromtimestamp((snapshot.wall_ms or snapshot.now_ms) / 1000, datetime.UTC)
     lines = [f"fleetgate status  namespace={namespace}  redis={redis_url}  {now:%Y-%m-%d %H:%M:%S} UTC", ""]
-    behind_s = (snapshot.wall_ms - snapshot.now_ms) / 1000 if snapshot.wall_ms else 0
-    if behind_s >= 1:
-        lines += [f"note: the queue's clock runs {behind_s:.1f} s behind the wall clock (a wall-clock jump was cut "
+    if snapshot.clock_behind_s >= 1:
+        lines += [f"note: the queue's clock runs {snapshot.clock_behind_s:.1f} s behind the wall clock (a wall-clock jump was cut "
                   "so that no lease lapsed: a paused VM or an NTP step); leases and ages are measured on it", ""]
     for gateway in stale_tenants_file or []:
         lines += [f"WARNING: gateway {gateway} could not reload the tenants file; an older one is in force "

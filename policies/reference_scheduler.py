@@ -339,6 +339,7 @@ class ReferenceScheduler:
         return grants
 
     def _grant_one(self) -> Grant | None:
+        clean = None  # each group's replicas free of guarded work: counted once, when a band first needs it
         for band in bands_in_order(self.bands):
             state = self._state[band.name]
             if not state.tenants:
@@ -346,7 +347,7 @@ class ReferenceScheduler:
             candidates = open_replicas(self.replicas.values(), band)
             if not candidates:
                 continue
-            clean = clean_replicas(self.replicas.values())
+            clean = clean if clean is not None else clean_replicas(self.replicas.values())
             for tenant in fairness.in_order(state.counters, state.tenants):
                 flows = state.tenants[tenant]
                 for flow in fairness.in_order(flows.counters, flows.queues):

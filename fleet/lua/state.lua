@@ -53,12 +53,13 @@ end
 -- reading (tests of the clock), and any other number is taken as the time itself (tests of the policy).
 -- WALL: the wall clock, for display.
 local NOW, WALL
-if ARGV[2] ~= nil and ARGV[2] ~= "" and string.sub(ARGV[2], 1, 1) ~= "~" then
-  NOW = tonumber(ARGV[2])
+local clock_arg = ARGV[2] or ""
+if clock_arg ~= "" and string.sub(clock_arg, 1, 1) ~= "~" then
+  NOW = tonumber(clock_arg)
   WALL = NOW
 else
-  if ARGV[2] ~= nil and ARGV[2] ~= "" then
-    WALL = tonumber(string.sub(ARGV[2], 2))
+  if clock_arg ~= "" then
+    WALL = tonumber(string.sub(clock_arg, 2))
   else
     local t = redis.call("TIME")
     WALL = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
