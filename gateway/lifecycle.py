@@ -36,6 +36,7 @@ from gateway.pools import Pools
 from gateway.relay import SettlingStreamingResponse, relay_lines
 from gateway.request_parsing import Endpoint, ParsedRequest, parse_off_loop, read_body
 from gateway.response_headers import classification_headers
+from gateway.stages import Stages
 from replicas.base import MISROUTED, NO_GRANT
 
 logger = logging.getLogger(__name__)
@@ -117,6 +118,7 @@ class RequestLifecycle:
                 raise from_vllm_error(header["status"], header["body"])
             headers = classification_headers(admission.decision, admission.size, place.pool, place.queue_ms,
                                               self._admission.gateway_id)
+            headers["server-timing"] = stages.server_timing()  # up to the engine's answer
             if not header["stream"]:
                 stages.lap("first_token")
                 served = reported_tokens(header["body"], admission.size.prompt_tokens)
@@ -183,25 +185,6 @@ class RequestLifecycle:
             logger.warning("a replica did not say what a cancelled request served: %s", type(exc).__name__)
             return size.cost
         return size.cost if served is None else served
-
-class Stages:
-    """Where one request's time goes: each lap is the time since the previous one, by stage."""
-
-    def __init__(self, metrics: GatewayMetrics, clock: Callable[[], float], start: float) -> None:
-        self._metrics, self._clock, self._last = metrics, clock, start
-
-    def lap(self, stage: str, at: float | None = None) -> None:
-        """Record ``stage`` as ending now (or ``at``)."""
-        now = self._clock() if at is None else at
-        self._metrics.stage.labels(stage).observe(max(0.0, now - self._last))
-        self._last = now
-
-    def laps(self, durations: dict[str, float]) -> None:
-        """Stages measured elsewhere (admission's enqueue and wait), ending now."""
-        for stage, seconds in durations.items():
-            self._metrics.stage.labels(stage).observe(seconds)
-        self._last = self._clock()
-
 
 def _check_beam_search(parsed: ParsedRequest, vllm_priority: int) -> None:
     """vLLM runs beam search at priority 0 whatever the request's priority (its beam path passes none), so a

@@ -57,6 +57,19 @@ def _queue_ms(response: httpx.Response) -> float:
     return float(response.headers["x-fleetgate-queue-ms"])
 
 
+def server_timing(response: httpx.Response) -> dict[str, float]:
+    """The reply's Server-Timing stages, in milliseconds."""
+    stages = (part.strip().split(";dur=") for part in response.headers["server-timing"].split(","))
+    return {name: float(ms) for name, ms in stages}
+
+
+def _waited_for_grant_ms(response: httpx.Response) -> float:
+    """How long the ticket waited in the queue after its enqueue returned (0: granted at once). Unlike
+    x-fleetgate-queue-ms it leaves out the enqueue's own round trip, which a stall of this 2-core host
+    (measured: up to ~1.6 s, any process, while both engines step) stretches whatever the queue decides."""
+    return server_timing(response)["wait_grant"]
+
+
 def _flood(client: httpx.AsyncClient, key: str, band: str, tag: str, count: int = FLOOD) -> list[asyncio.Task]:
     rng = random.Random(tag)
     return [asyncio.create_task(_completion(client, key, band, _prompt(rng, f"{tag} {i}"))) for i in range(count)]
@@ -188,7 +201,9 @@ def test_engines_hold_no_more_than_their_gate_while_the_global_queue_holds_the_r
             # granted while below the limit: above it by at most one request's share of a step
             assert replica.pending < limit + replica.step_tokens, (replica, limit)
             assert replica.waiting <= replica.unstarted + replica.in_flight, replica  # the engine's own queue
-    assert max(r.running for state in seen for r in state.replicas) >= 1  # the engines were busy meanwhile
+    # not vacuous: the gates held granted work in the engines while the backlog waited (a report showing a
+    # step running may come only after the samples, on a loaded host)
+    assert max(r.pending + r.running for state in seen for r in state.replicas) >= 1
     assert_ledger_balanced(redis_url, REPLICAS)
 
 
@@ -196,8 +211,8 @@ def test_high_priority_overtakes_queued_low_priority(base_url: str, redis_url: s
     before = served_by_tenant(redis_url)
     flood, late = asyncio.run(_flood_then(base_url, redis_url, api_keys["flood"], "batch", api_keys["flood"],
                                           "interactive"))
-    batch_waits = sorted(_queue_ms(r) for r in flood)
-    interactive_waits = [_queue_ms(r) for r in late]
+    batch_waits = sorted(_waited_for_grant_ms(r) for r in flood)
+    interactive_waits = [_waited_for_grant_ms(r) for r in late]
     assert all(r.headers["x-fleetgate-band"] == "interactive" for r in late)
     # same tenant for both, so only the band decides: interactive goes before every queued batch ticket
     assert max(interactive_waits) < batch_waits[len(batch_waits) // 2], (interactive_waits, batch_waits)
@@ -219,3 +234,7 @@ def test_response_carries_classification(base_url: str, api_keys: dict) -> None:
     assert response.headers["x-fleetgate-band"] == "interactive"
     assert response.headers["x-fleetgate-length-class"] == "long"
     assert int(response.headers["x-fleetgate-prompt-tokens"]) == response.json()["usage"]["prompt_tokens"]
+    stages = server_timing(response)
+    assert list(stages)[:5] == ["parse", "authorise", "count_tokens", "enqueue", "wait_grant"], stages
+    assert all(ms >= 0 for ms in stages.values())
+    assert stages["enqueue"] + stages["wait_grant"] == pytest.approx(_queue_ms(response), abs=0.2)

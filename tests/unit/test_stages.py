@@ -1,0 +1,39 @@
+"""The gateway's per-stage timing: the histogram and the Server-Timing header agree, lap for lap."""
+
+from __future__ import annotations
+
+from gateway.metrics import GatewayMetrics
+from gateway.stages import Stages
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_laps_become_the_server_timing_header_and_the_histogram() -> None:
+    clock, metrics = _Clock(), GatewayMetrics()
+    stages = Stages(metrics, clock, start=clock.now)
+    clock.now += 0.0004
+    stages.lap("parse")
+    clock.now += 0.0123
+    stages.laps({"enqueue": 0.0111, "wait_grant": 0.0})  # measured by admission, ending now
+    clock.now += 0.002
+    stages.lap("first_token")
+
+    assert stages.server_timing() == "parse;dur=0.4, enqueue;dur=11.1, wait_grant;dur=0.0, first_token;dur=2.0"
+    observed = {sample.labels["stage"]: sample.value for sample in metrics.registry.collect()
+                for sample in sample.samples if sample.name == "fleetgate_request_stage_seconds_sum"}
+    expected = {"parse": 0.0004, "enqueue": 0.0111, "wait_grant": 0.0, "first_token": 0.002}
+    assert observed.keys() == expected.keys()
+    assert all(abs(observed[stage] - seconds) < 1e-9 for stage, seconds in expected.items())
+
+
+def test_a_clock_that_went_backwards_counts_no_negative_lap() -> None:
+    clock = _Clock()
+    stages = Stages(GatewayMetrics(), clock, start=clock.now)
+    stages.lap("relay", at=clock.now - 1)
+    assert stages.server_timing() == "relay;dur=0.0"
