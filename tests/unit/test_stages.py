@@ -37,3 +37,13 @@ def test_a_clock_that_went_backwards_counts_no_negative_lap() -> None:
     stages = Stages(GatewayMetrics(), clock, start=clock.now)
     stages.lap("relay", at=clock.now - 1)
     assert stages.server_timing() == "relay;dur=0.0"
+
+
+def test_the_bench_probe_reads_the_header_back() -> None:
+    from bench.idle_probe import server_timing
+
+    clock = _Clock()
+    stages = Stages(GatewayMetrics(), clock, start=clock.now)
+    stages.laps({"enqueue": 0.0019, "wait_grant": 0.25})
+    assert server_timing(stages.server_timing()) == {"enqueue": 1.9, "wait_grant": 250.0}
+    assert server_timing('cache;desc="hit", total;dur=3') == {"total": 3.0}  # entries without dur: left out
