@@ -70,6 +70,7 @@ async def _stream(session: aiohttp.ClientSession, body: dict, headers: dict, rec
         queue_ms = response.headers.get("x-fleetgate-queue-ms")
         if queue_ms is not None:  # the gateway's time in its global queue: then it went to its replica
             record.dispatched_s = record.send_s + float(queue_ms) / 1000
+        record.pool = response.headers.get("x-fleetgate-pool", "")
         if response.status != 200:
             record.error = (await response.text())[:300]
             record.end_s = clock()

@@ -125,6 +125,7 @@ class FleetSimulation:
         replica.engine.add(SimRequest(request.request_id, request.prompt_tokens, request.output_tokens,
                                       priority=priority, arrival_s=self.now))
         self.records[request.request_id].dispatched_s = self.now
+        self.records[request.request_id].pool = replica.pool.name
         replica.received.append(request.request_id)
         replica.received_total += 1
         self._where[request.request_id] = replica

@@ -28,7 +28,7 @@ are computed the same way for all of them:
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -53,6 +53,7 @@ class RequestRecord:
     error: str = ""
     dispatched_s: float | None = None  # reached its replica (after the global queue, or the router's wait)
     engine_start_s: float | None = None  # its engine first scheduled it (left the engine's own queue)
+    pool: str = ""  # the pool that ran it (the gateway's x-fleetgate-pool; the simulator's replica pool)
 
     @classmethod
     def planned(cls, request: PlannedRequest) -> "RequestRecord":
@@ -120,6 +121,23 @@ def latency_summary(records: list[RequestRecord], slo: Slo, span_s: float) -> di
         "slo_attainment": len(good) / len(records) if records else None,
         "rejected": dict(rejected),
         "errors": sorted({r.error for r in records if not r.ok and r.error})[:3],
+    }
+
+
+def tail_breakdown(records: list[RequestRecord], share: float = 0.05) -> dict | None:
+    """Where the slowest ``share`` of the served requests (by TTFT) spent it: how many ran on each pool,
+    and the medians of their wait before the replica and of the time from reaching it to the first token
+    (the engine's own queue and the prefill). None when nothing was served."""
+    served = sorted((r for r in records if r.ok), key=lambda r: r.ttft_s)
+    if not served:
+        return None
+    tail = served[-max(1, math.ceil(len(served) * share)):]
+    placed = [r for r in tail if r.dispatched_s is not None]
+    return {
+        "requests": len(tail), "ttft_from_s": tail[0].ttft_s,
+        "pools": dict(sorted(Counter(r.pool or "?" for r in tail).items())),
+        "queue_p50_s": percentile([r.dispatched_s - r.send_s for r in placed], 50),
+        "to_first_token_p50_s": percentile([r.first_token_s - r.dispatched_s for r in placed], 50),
     }
 
 
@@ -251,5 +269,6 @@ def summarise(records: list[RequestRecord], slo: Slo, window_s: float) -> dict:
         "overall": latency_summary(records, slo, span),
         "bands": {band: latency_summary(rs, slo, span) for band, rs in sorted(by_band.items())},
         "tenants": {tenant: latency_summary(rs, slo, span) for tenant, rs in sorted(by_tenant.items())},
+        "tails": {band: tail_breakdown(rs) for band, rs in sorted(by_band.items())},
         "fairness": fairness(records, window_s, span),
     }

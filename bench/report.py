@@ -51,6 +51,7 @@ def markdown(results: dict[str, Any]) -> str:
                 for key in ("jain_min", "fair_share_min", "jain_plain_min")]
             lines.append("| " + " | ".join(row) + " |")
         lines += _wait_table(scenario)
+        lines += _tail_table(scenario)
         lines += _headroom_table(scenario)
         lines += _engine_time_table(scenario)
         tenants = sorted({t for summary in scenario["systems"].values() for t in summary["tenants"]})
@@ -126,6 +127,25 @@ def _wait_table(scenario: dict) -> list[str]:
         return []
     return ["", "Where the wait is, P50 / P99 before the replica (global queue or router) / P50 / P99 in the "
             "engine's own queue (s):", "", "| system | " + " | ".join(bands) + " |", "|" + "---|" * (len(bands) + 1),
+            *rows]
+
+
+def _tail_table(scenario: dict) -> list[str]:
+    """The slowest 5% of each band's requests: which pool ran them, and where their time went."""
+    rows = []
+    for system, summary in scenario["systems"].items():
+        for band, tail in (summary.get("tails") or {}).items():
+            if not tail:
+                continue
+            pools = ", ".join(f"{pool} {count}" for pool, count in tail["pools"].items())
+            waits = " / ".join("–" if tail[k] is None else f"{tail[k]:.2f}"
+                               for k in ("queue_p50_s", "to_first_token_p50_s"))
+            rows.append(f"| {system} | {band} | {tail['requests']} | {tail['ttft_from_s']:.2f} | {pools} | {waits} |")
+    if not rows:
+        return []
+    return ["", "The slowest 5% of each band (by TTFT): the pools that ran them, and P50 of their wait before the "
+            "replica / from reaching it to the first token (s):", "",
+            "| system | band | requests | TTFT from (s) | pools | wait / to first token |", "|---|---|---|---|---|---|",
             *rows]
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.metrics import RequestRecord, fair_shares, fairness, percentile, summarise
+from bench.metrics import RequestRecord, fair_shares, fairness, percentile, summarise, tail_breakdown
 from bench.workload import Scenario, generate
 
 SCENARIOS = sorted((Path(__file__).parents[2] / "bench" / "scenarios").glob("*.yaml"))
@@ -91,3 +91,17 @@ def test_summary_counts_goodput_and_rejections() -> None:
     assert overall["served"] == 2 and overall["rejected"] == {"429": 1}
     assert overall["slo_attainment"] == pytest.approx(1 / 3)
     assert summary["bands"]["interactive"]["ttft_p50_s"] == pytest.approx(1.6)
+
+
+def test_the_tail_says_which_pool_ran_the_slowest_requests_and_where_their_time_went() -> None:
+    fast = [_record("a", 0.0, [0.1 + i / 1000]) for i in range(38)]
+    for record in fast:
+        record.pool, record.dispatched_s = "latency", 0.01
+    slow = [_record("a", 0.0, [2.0]), _record("a", 0.0, [3.0])]  # the slowest 5% of 40: these two
+    for record in slow:
+        record.pool, record.dispatched_s = "throughput", 0.5
+    tail = tail_breakdown(fast + slow)
+    assert tail["requests"] == 2 and tail["ttft_from_s"] == pytest.approx(2.0)
+    assert tail["pools"] == {"throughput": 2}
+    assert tail["queue_p50_s"] == pytest.approx(0.5) and tail["to_first_token_p50_s"] == pytest.approx(2.0)
+    assert tail_breakdown([RequestRecord("r", "a", "interactive", 1.0, 5, 5, 0.0, status=429)]) is None
