@@ -6,6 +6,10 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/local-redis.sh"
+# Ray Serve's direct ingress: the gateway replica also serves HTTP on its own port (30000, and up for more
+# replicas), past the Serve proxy, about 10 ms sooner to a first token here (docs/operations.md). :8000 stays.
+# Ray reads it where the cluster starts, so it applies when `serve run` starts Ray itself (not RAY_ADDRESS).
+export RAY_SERVE_ENABLE_DIRECT_INGRESS="${RAY_SERVE_ENABLE_DIRECT_INGRESS:-1}"
 config="${1:-deploy/local.yaml}"
 [ $# -gt 0 ] && shift
 if [ -z "${LOCAL_REDIS_PIDFILE:-}" ]; then

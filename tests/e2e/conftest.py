@@ -3,7 +3,9 @@
 The deployment is the shipped local config, engine settings and gates included, with these changes: 2
 gateway replicas (fleet-wide ordering and limits across gateways), 8 Redis connections per gateway (so a
 burst waits for them), API keys required (no anonymous access) from a tenants file written for the tests,
-per-tenant prefix-cache salts (as deploy/gpu.yaml), and metrics published every second.
+per-tenant prefix-cache salts (as deploy/gpu.yaml), and metrics published every second. As
+scripts/serve-local.sh does, it runs with Ray Serve's direct ingress (each gateway replica also serves HTTP
+on its own port; tests/e2e/test_direct_ingress.py); every other test goes through the Serve proxy.
 """
 
 from __future__ import annotations
@@ -97,6 +99,6 @@ def base_url(tiny_model_path: Path, redis_url: str, tenants_file: Path, api_keys
         return len(snapshot(redis_url).replicas) == REPLICAS and len(gateways) == GATEWAY_REPLICAS
 
     with serve_run(REPO_ROOT / "deploy" / "local.yaml", serve_work_dir,
-                   env={"REDIS_URL": redis_url}, edit=for_tests, ready=every_replica_up,
+                   env={"REDIS_URL": redis_url, "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"}, edit=for_tests, ready=every_replica_up,
                    ready_headers=auth(api_keys["calm"])) as url:
         yield url

@@ -24,6 +24,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
+from bench.idle_probe import server_timing
 from fleet.snapshot import QueueSnapshot
 from tests.conftest import TINY_MODEL_NAME
 from tests.e2e.conftest import GATEWAY_REPLICAS, REPLICAS, SHIPPED, auth
@@ -57,17 +58,11 @@ def _queue_ms(response: httpx.Response) -> float:
     return float(response.headers["x-fleetgate-queue-ms"])
 
 
-def server_timing(response: httpx.Response) -> dict[str, float]:
-    """The reply's Server-Timing stages, in milliseconds."""
-    stages = (part.strip().split(";dur=") for part in response.headers["server-timing"].split(","))
-    return {name: float(ms) for name, ms in stages}
-
-
 def _waited_for_grant_ms(response: httpx.Response) -> float:
     """How long the ticket waited in the queue after its enqueue returned (0: granted at once). Unlike
     x-fleetgate-queue-ms it leaves out the enqueue's own round trip, which a stall of this 2-core host
     (measured: up to ~1.6 s, any process, while both engines step) stretches whatever the queue decides."""
-    return server_timing(response)["wait_grant"]
+    return server_timing(response.headers["server-timing"])["wait_grant"]
 
 
 def _flood(client: httpx.AsyncClient, key: str, band: str, tag: str, count: int = FLOOD) -> list[asyncio.Task]:
@@ -234,7 +229,7 @@ def test_response_carries_classification(base_url: str, api_keys: dict) -> None:
     assert response.headers["x-fleetgate-band"] == "interactive"
     assert response.headers["x-fleetgate-length-class"] == "long"
     assert int(response.headers["x-fleetgate-prompt-tokens"]) == response.json()["usage"]["prompt_tokens"]
-    stages = server_timing(response)
+    stages = server_timing(response.headers["server-timing"])
     assert list(stages)[:5] == ["parse", "authorise", "count_tokens", "enqueue", "wait_grant"], stages
     assert all(ms >= 0 for ms in stages.values())
     assert stages["enqueue"] + stages["wait_grant"] == pytest.approx(_queue_ms(response), abs=0.2)

@@ -1,0 +1,71 @@
+"""Ray Serve's direct ingress (``RAY_SERVE_ENABLE_DIRECT_INGRESS=1``, as scripts/serve-local.sh starts it):
+each gateway replica also serves HTTP on its own port, past the Serve proxy, and answers there as through
+the proxy: a stream, the same headers and OpenAI-format errors, and a client that leaves mid-stream is
+charged what its engine did."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from bench.idle_probe import server_timing
+from tests.conftest import TINY_MODEL_NAME
+from tests.e2e.conftest import GATEWAY_REPLICAS, REPLICAS, auth
+from tests.e2e.test_tenants_and_placement import _engine_tokens
+from tests.ledger import assert_ledger_balanced, served_by_tenant
+
+pytestmark = pytest.mark.e2e
+
+FIRST_PORT = 30000  # Ray Serve's RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT default
+
+
+@pytest.fixture(scope="module")
+def direct_urls(base_url: str) -> list[str]:
+    """The gateway replicas' own HTTP servers (Ray Serve hands ingress replicas ports from 30000 up)."""
+    found = []
+    for port in range(FIRST_PORT, FIRST_PORT + 8):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                found.append(f"http://127.0.0.1:{port}")
+        except httpx.TransportError:
+            continue
+    return found
+
+
+def test_each_gateway_replica_answers_on_its_own_port(direct_urls: list[str], api_keys: dict) -> None:
+    assert len(direct_urls) == GATEWAY_REPLICAS, direct_urls
+    gateways = set()
+    for url in direct_urls:
+        body = {"model": TINY_MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                "stream": True}
+        headers = {**auth(api_keys["calm"]), "x-priority": "interactive", "x-request-id": "direct-1"}
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=60) as reply:
+            assert reply.status_code == 200
+            lines = [line for line in reply.iter_lines() if line.startswith("data: ")]
+        assert lines[-1] == "data: [DONE]" and any('"content"' in line for line in lines)
+        assert reply.headers["x-fleetgate-band"] == "interactive"
+        assert reply.headers["x-request-id"] == "direct-1"
+        assert {"enqueue", "wait_grant"} <= server_timing(reply.headers["server-timing"]).keys()
+        gateways.add(reply.headers["x-fleetgate-gateway"])
+
+        refused = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)  # no key
+        assert refused.status_code == 401
+        assert refused.json()["error"]["type"] == "authentication_error"
+    assert len(gateways) == GATEWAY_REPLICAS  # one port per gateway replica
+
+
+def test_a_stream_left_on_a_direct_port_is_charged_what_its_engine_did(direct_urls: list[str], base_url: str,
+                                                                      redis_url: str, api_keys: dict) -> None:
+    before, engines_before = served_by_tenant(redis_url), _engine_tokens(base_url)
+    body = {"model": TINY_MODEL_NAME, "prompt": "run for a while", "max_tokens": 3000, "ignore_eos": True,
+            "stream": True}
+    with httpx.stream("POST", f"{direct_urls[0]}/v1/completions", headers=auth(api_keys["acme"]), json=body,
+                      timeout=30) as reply:
+        lines = reply.iter_lines()
+        for _ in range(40):  # some of the stream, then the client leaves
+            next(lines)
+    state = assert_ledger_balanced(redis_url, REPLICAS)
+    charged = state.served["acme"] - before.get("acme", 0)
+    assert 10 < charged < 3000
+    engines = _engine_tokens(base_url) - engines_before
+    assert abs(engines - charged) <= 2, (engines, charged)
