@@ -99,6 +99,6 @@ def base_url(tiny_model_path: Path, redis_url: str, tenants_file: Path, api_keys
         return len(snapshot(redis_url).replicas) == REPLICAS and len(gateways) == GATEWAY_REPLICAS
 
     with serve_run(REPO_ROOT / "deploy" / "local.yaml", serve_work_dir,
-                   env={"REDIS_URL": redis_url, "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"}, edit=for_tests, ready=every_replica_up,
-                   ready_headers=auth(api_keys["calm"])) as url:
+                   env={"REDIS_URL": redis_url, "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"}, edit=for_tests,
+                   ready=every_replica_up, ready_headers=auth(api_keys["calm"])) as url:
         yield url

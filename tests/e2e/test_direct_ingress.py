@@ -10,9 +10,8 @@ import pytest
 
 from bench.idle_probe import server_timing
 from tests.conftest import TINY_MODEL_NAME
-from tests.e2e.conftest import GATEWAY_REPLICAS, REPLICAS, auth
-from tests.e2e.test_tenants_and_placement import _engine_tokens
-from tests.ledger import assert_ledger_balanced, served_by_tenant
+from tests.e2e.charging import assert_charged_what_its_engine_did, leave_a_stream
+from tests.e2e.conftest import GATEWAY_REPLICAS, auth
 
 pytestmark = pytest.mark.e2e
 
@@ -39,7 +38,8 @@ def test_each_gateway_replica_answers_on_its_own_port(direct_urls: list[str], ap
         body = {"model": TINY_MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
                 "stream": True}
         headers = {**auth(api_keys["calm"]), "x-priority": "interactive", "x-request-id": "direct-1"}
-        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=60) as reply:
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers,
+                          timeout=60) as reply:
             assert reply.status_code == 200
             lines = [line for line in reply.iter_lines() if line.startswith("data: ")]
         assert lines[-1] == "data: [DONE]" and any('"content"' in line for line in lines)
@@ -56,16 +56,5 @@ def test_each_gateway_replica_answers_on_its_own_port(direct_urls: list[str], ap
 
 def test_a_stream_left_on_a_direct_port_is_charged_what_its_engine_did(direct_urls: list[str], base_url: str,
                                                                       redis_url: str, api_keys: dict) -> None:
-    before, engines_before = served_by_tenant(redis_url), _engine_tokens(base_url)
-    body = {"model": TINY_MODEL_NAME, "prompt": "run for a while", "max_tokens": 3000, "ignore_eos": True,
-            "stream": True}
-    with httpx.stream("POST", f"{direct_urls[0]}/v1/completions", headers=auth(api_keys["acme"]), json=body,
-                      timeout=30) as reply:
-        lines = reply.iter_lines()
-        for _ in range(40):  # some of the stream, then the client leaves
-            next(lines)
-    state = assert_ledger_balanced(redis_url, REPLICAS)
-    charged = state.served["acme"] - before.get("acme", 0)
-    assert 10 < charged < 3000
-    engines = _engine_tokens(base_url) - engines_before
-    assert abs(engines - charged) <= 2, (engines, charged)
+    assert_charged_what_its_engine_did(base_url, redis_url, "acme",
+                                       lambda: leave_a_stream(direct_urls[0], api_keys["acme"]))

@@ -16,10 +16,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import TINY_MODEL_NAME
+from tests.e2e.charging import LONG_RUN, assert_charged_what_its_engine_did, leave_a_stream
 from tests.e2e.conftest import (
     GATEWAY_REPLICAS, RATE_LIMIT_RPM, REPLICAS, SCRAPE_KEY, SLOTS_PER_REPLICA, add_key, auth,
 )
-from tests.ledger import assert_ledger_balanced, served_by_tenant, snapshot
+from tests.ledger import assert_ledger_balanced, snapshot
 
 pytestmark = pytest.mark.e2e
 
@@ -124,56 +125,26 @@ def test_fan_out_is_in_the_estimate_and_a_batch_is_checked_prompt_by_prompt(base
     assert response.headers["x-fleetgate-length-class"] == "long"  # its longest prompt's class
 
 
-def _engine_tokens(base_url: str) -> float:
-    """Prompt + generated tokens every vLLM engine has counted (vLLM's own counters), once the published
-    figure holds still for over two publish intervals (each replica publishes every second)."""
-    names = {"vllm:prompt_tokens", "vllm:generation_tokens"}
-    readings: list[tuple[float, float]] = []
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        text = httpx.get(f"{base_url}/metrics", headers=auth(SCRAPE_KEY), timeout=30).text
-        now = sum(s.value for f in text_string_to_metric_families(text) if f.name in names
-                  for s in f.samples if s.name.endswith("_total"))
-        readings = [r for r in readings if r[1] == now] + [(time.monotonic(), now)]
-        if readings[-1][0] - readings[0][0] > 2.5:
-            return now
-        time.sleep(0.25)
-    raise AssertionError(f"the engines' token counters never held still: {readings}")
-
-
 def test_a_client_that_gives_up_is_charged_what_its_engine_did(base_url: str, redis_url: str,
                                                                api_keys: dict) -> None:
     """A non-streamed reply whose client times out was refunded in full once, so tenants whose clients always
     time out won every grant; then it was charged its estimate. Now the gateway stops it on its replica and
     charges the tokens the engine served, from vLLM's usage in the stopped reply."""
-    before, engines_before = served_by_tenant(redis_url), _engine_tokens(base_url)
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{base_url}/v1/completions", headers=auth(api_keys["acme"]), timeout=1.5,
-                   json={"model": TINY_MODEL_NAME, "prompt": "run for a while", "max_tokens": 3000, "ignore_eos": True})
-    state = assert_ledger_balanced(redis_url, REPLICAS)  # its slot and tokens came back
-    charged = state.served["acme"] - before.get("acme", 0)
-    assert 10 < charged < 3000  # more than its prompt (the engine ran it), less than its estimate
-    engines = _engine_tokens(base_url) - engines_before
-    assert abs(engines - charged) <= 2, (engines, charged)  # what the engines counted, give or take a step
+
+    def give_up() -> None:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{base_url}/v1/completions", headers=auth(api_keys["acme"]), json=LONG_RUN,
+                       timeout=1.5)
+
+    assert_charged_what_its_engine_did(base_url, redis_url, "acme", give_up)
 
 
 def test_a_stream_its_client_leaves_is_charged_what_its_engine_did(base_url: str, redis_url: str,
                                                                   api_keys: dict) -> None:
     """A client that leaves mid-stream is charged the engine's count as of its last chunk, which is what the
     engine served give or take a step (a stream is charged by vLLM's usage, never by its chunks)."""
-    before, engines_before = served_by_tenant(redis_url), _engine_tokens(base_url)
-    body = {"model": TINY_MODEL_NAME, "prompt": "run for a while", "max_tokens": 3000, "ignore_eos": True,
-            "stream": True}
-    with httpx.stream("POST", f"{base_url}/v1/completions", headers=auth(api_keys["acme"]), json=body,
-                      timeout=30) as reply:
-        lines = reply.iter_lines()
-        for _ in range(40):  # some of the stream, then the client leaves
-            next(lines)
-    state = assert_ledger_balanced(redis_url, REPLICAS)
-    charged = state.served["acme"] - before.get("acme", 0)
-    assert 10 < charged < 3000
-    engines = _engine_tokens(base_url) - engines_before
-    assert abs(engines - charged) <= 2, (engines, charged)  # what the engines counted, give or take a step
+    assert_charged_what_its_engine_did(base_url, redis_url, "acme",
+                                       lambda: leave_a_stream(base_url, api_keys["acme"]))
 
 
 def test_beam_search_only_in_the_top_band(base_url: str, api_keys: dict) -> None:

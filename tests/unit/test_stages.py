@@ -25,8 +25,8 @@ def test_laps_become_the_server_timing_header_and_the_histogram() -> None:
     stages.lap("first_token")
 
     assert stages.server_timing() == "parse;dur=0.4, enqueue;dur=11.1, wait_grant;dur=0.0, first_token;dur=2.0"
-    observed = {sample.labels["stage"]: sample.value for sample in metrics.registry.collect()
-                for sample in sample.samples if sample.name == "fleetgate_request_stage_seconds_sum"}
+    observed = {sample.labels["stage"]: sample.value for family in metrics.registry.collect()
+                for sample in family.samples if sample.name == "fleetgate_request_stage_seconds_sum"}
     expected = {"parse": 0.0004, "enqueue": 0.0111, "wait_grant": 0.0, "first_token": 0.002}
     assert observed.keys() == expected.keys()
     assert all(abs(observed[stage] - seconds) < 1e-9 for stage, seconds in expected.items())
