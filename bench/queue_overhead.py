@@ -56,9 +56,14 @@ def _client(url: str) -> aioredis.Redis:
     return redis_client(QueueConfig(redis_url=url))  # the gateway's own: a bounded pool that waits when busy
 
 
-def _queue(url: str, namespace: str) -> GlobalQueue:
+SCRIPT_COMMANDS = ("evalsha", "eval", "fcall")  # the queue's Lua runs as a function (FCALL) or a script
+FUNCTIONS = {"on": True}  # --scripts: every case through scripts (EVALSHA), as on a Redis without functions
+
+
+def _queue(url: str, namespace: str, functions: bool | None = None) -> GlobalQueue:
     # leases far longer than a run: nothing expires while the bench measures
-    return GlobalQueue(_client(url), QueueKeys(namespace=namespace), QueueSettings(BANDS, lease_ms=3_600_000))
+    return GlobalQueue(_client(url), QueueKeys(namespace=namespace), QueueSettings(BANDS, lease_ms=3_600_000),
+                       use_functions=FUNCTIONS["on"] if functions is None else functions)
 
 
 def _replica(index: int, slots: int, pooled: bool) -> ReplicaCapacity:
@@ -96,8 +101,9 @@ def _server_cpu_s(client: redis.Redis) -> float:
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
-async def _sequential(url: str, namespace: str, requests: int, limits: Any = None) -> list[float]:
-    queue = _queue(url, namespace)
+async def _sequential(url: str, namespace: str, requests: int, limits: Any = None,
+                      functions: bool | None = None) -> list[float]:
+    queue = _queue(url, namespace, functions)
     samples = []
     for index in range(requests):
         spec = TicketSpec(uuid.uuid4().hex, f"tenant-{index % 8}", "standard", 300)
@@ -111,19 +117,21 @@ async def _sequential(url: str, namespace: str, requests: int, limits: Any = Non
 
 
 def redis_cost(url: str, replicas: int, waiting_tenants: int, requests: int,
-               pooled: bool = False) -> dict[str, float]:
+               pooled: bool = False, functions: bool | None = None) -> dict[str, Any]:
     """Redis time per request (enqueue + complete) with this many replicas and unplaceable waiting tenants
-    (``pooled``: half of them latency replicas that keep a guarded index)."""
-    namespace = f"cost-{replicas}-{waiting_tenants}{'-pooled' if pooled else ''}"
+    (``pooled``: half of them latency replicas that keep a guarded index; ``functions`` False: scripts)."""
+    form = "functions" if (FUNCTIONS["on"] if functions is None else functions) else "scripts"
+    namespace = f"cost-{replicas}-{waiting_tenants}{'-pooled' if pooled else ''}-{form}"
     asyncio.run(_fleet(url, namespace, replicas, waiting_tenants, pooled=pooled))
     client = redis.Redis.from_url(url)
     client.config_resetstat()
     cpu_before = _server_cpu_s(client)
-    samples = asyncio.run(_sequential(url, namespace, requests))
+    samples = asyncio.run(_sequential(url, namespace, requests, functions=functions))
     cpu = _server_cpu_s(client) - cpu_before
     stats = _commandstats(client)
-    script_us = stats.get("evalsha", {}).get("usec", 0) + stats.get("eval", {}).get("usec", 0)
-    return {"replicas": replicas, "waiting_tenants": waiting_tenants, "pooled": pooled, "requests": requests,
+    script_us = sum(stats.get(name, {}).get("usec", 0) for name in SCRIPT_COMMANDS)
+    return {"replicas": replicas, "waiting_tenants": waiting_tenants, "pooled": pooled, "lua": form,
+            "requests": requests,
             "script_us_per_request": script_us / requests, "server_cpu_us_per_request": cpu * 1e6 / requests,
             "path_p50_ms": statistics.median(samples), "path_p99_ms": _percentile(samples, 0.99)}
 
@@ -148,9 +156,9 @@ def round_trips(url: str, requests: int) -> dict[str, float]:
 
         asyncio.run(run())
         calls = {name: value["calls"] for name, value in _commandstats(client).items()}
-        hot = sum(calls.get(c, 0) for c in ("evalsha", "eval", "blpop", "lpop"))
+        hot = sum(calls.get(c, 0) for c in (*SCRIPT_COMMANDS, "blpop", "lpop"))
         result[name] = {"round_trips_per_request": hot / requests,
-                        "scripts_per_request": (calls.get("evalsha", 0) + calls.get("eval", 0)) / requests}
+                        "scripts_per_request": sum(calls.get(c, 0) for c in SCRIPT_COMMANDS) / requests}
     return result
 
 
@@ -273,11 +281,16 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000, help="requests per cost run")
     parser.add_argument("--processes", type=int, default=2, help="client processes for throughput")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--scripts", action="store_true",
+                        help="run the queue's Lua as scripts (EVALSHA) throughout, as on a Redis without functions")
     args = parser.parse_args()
+    FUNCTIONS["on"] = not args.scripts
     with tempfile.TemporaryDirectory() as work, running_redis(Path(work)) as url:
         results: dict[str, Any] = {"round_trips": round_trips(url, 300)}
         results["redis_cost"] = [redis_cost(url, r, w, args.requests) for r in (16, 64, 256) for w in (0, 1000)]
         results["redis_cost"] += [redis_cost(url, r, 0, args.requests, pooled=True) for r in (16, 64, 256)]
+        if not args.scripts:  # the same fleets through scripts, same run: what functions save
+            results["redis_cost"] += [redis_cost(url, r, 0, args.requests, functions=False) for r in (16, 64, 256)]
         results["bulk_calls"] = bulk_calls(url)
         client = redis.Redis.from_url(url)
         client.slowlog_reset()

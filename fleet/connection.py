@@ -54,4 +54,4 @@ def global_queue(config: QueueConfig, client: aioredis.Redis) -> GlobalQueue:
     """The global queue of the configured namespace on ``client`` (a call that stops at its bounds is
     continued in the background)."""
     return GlobalQueue(client, QueueKeys(namespace=config.namespace), queue_settings(config), follow_up=True,
-                       max_in_flight=config.redis_max_connections)
+                       max_in_flight=config.redis_max_connections, use_functions=config.redis_functions)

@@ -1,8 +1,8 @@
 """The global queue's client: one typed method per Lua script, for asyncio code (gateways and replicas).
 
-Each script is the shared library (``LIBRARY``, in order) followed by its own ``.lua`` file, registered
-once with redis-py's ``register_script`` (EVALSHA, reloaded automatically after a Redis restart). Blocking
-code (the status CLI, tests, tools) uses the same class through :func:`fleet.blocking.blocking`.
+Each call is the shared library followed by its own ``.lua`` file, run as a Redis 7 function where the
+server allows it, else as a script (:mod:`fleet.lua_calls`). Blocking code (the status CLI, tests, tools) uses
+the same class through :func:`fleet.blocking.blocking`.
 """
 
 from __future__ import annotations
@@ -13,13 +13,12 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
 
 from fleet.keys import QueueKeys
+from fleet.lua_calls import LuaCalls
 from fleet.snapshot import QueueSnapshot
 from fleet.rate_limits import RateLimits
 from policies.clock import max_step_ms
@@ -37,21 +36,7 @@ from policies.types import (
 
 logger = logging.getLogger(__name__)
 
-LUA_DIR = Path(__file__).with_name("lua")
-# the library every script starts with: state, then one file per policy seam, then the dispatch loop
-LIBRARY = ("state", "rate_limits", "band_order", "fairness", "ordering", "gate", "placement", "dispatch")
 RENEW_BATCH = 1000  # lease renewals per call: about 2 ms of Redis time
-SCRIPT_NAMES = (
-    "enqueue", "register_replica", "deregister_replica", "report_signals", "complete", "cancel", "requeue",
-    "renew", "expire", "snapshot",
-)  # fmt: skip
-
-
-@cache
-def script_source(name: str) -> str:
-    """The full Lua source of one script: the shared library, then the script body."""
-    return "\n".join((LUA_DIR / f"{part}.lua").read_text() for part in (*LIBRARY, name))
-
 
 @dataclass(frozen=True)
 class QueueSettings:
@@ -117,13 +102,13 @@ class GlobalQueue:
 
     def __init__(self, client: aioredis.Redis, keys: QueueKeys, settings: QueueSettings,
                  follow_up: bool = False, max_in_flight: int | None = None,
-                 wall_clock: Callable[[], int] | None = None) -> None:
+                 wall_clock: Callable[[], int] | None = None, use_functions: bool = True) -> None:
         self.client = client
         self.keys = keys
         self.settings = settings
         self._config_json = settings.to_json(keys)
         self._declared = keys.declared()
-        self._scripts = {name: client.register_script(script_source(name)) for name in SCRIPT_NAMES}
+        self.lua = LuaCalls(client, use_functions)
         self._follow_up = follow_up
         self._following: asyncio.Task | None = None
         # calls in flight wait here rather than fail at a connection pool's cap (a cluster client's raises)
@@ -133,7 +118,8 @@ class GlobalQueue:
     def on_client(self, client: aioredis.Redis) -> GlobalQueue:
         """The same queue through another client, with no bound on calls in flight (a lease keeper's own
         connection, so renewals never queue behind request traffic)."""
-        return GlobalQueue(client, self.keys, self.settings, follow_up=self._follow_up, wall_clock=self._wall_clock)
+        return GlobalQueue(client, self.keys, self.settings, follow_up=self._follow_up, wall_clock=self._wall_clock,
+                           use_functions=self.lua.form != "scripts")
 
     async def _call(self, name: str, payload: dict[str, Any], now_ms: int | None) -> dict[str, Any]:
         if now_ms is not None:
@@ -142,7 +128,7 @@ class GlobalQueue:
             now = "" if self._wall_clock is None else f"~{int(self._wall_clock())}"
         args = [self._config_json, now, json.dumps(payload)]
         async with self._in_flight or contextlib.nullcontext():
-            raw = await self._scripts[name](keys=self._declared, args=args)
+            raw = await self.lua(name, self._declared, args)
         reply = json.loads(raw)
         if reply.get("more") and self._follow_up and now_ms is None:
             self._continue()

