@@ -1,10 +1,12 @@
 """Runs the queue's Lua calls by name: as Redis 7 functions where the server allows them, else as scripts.
 
 Functions cost less per call (the library is defined once, and the config is decoded only when it
-changes). The library is loaded on the first call; a server without functions (Redis 6), or an account
-that may not load them (ACL), gets scripts instead (EVALSHA, reloaded by redis-py after a restart). A
-server that lost the library (a restart without persistence, a new cluster shard) answers "Function not
-found": the library is loaded again, once for all the calls that saw it, and the call is repeated.
+changes). The library is loaded on the first call; a server without functions (Redis 6, a proxy that does
+not pass them), or an account that may not load or call them (ACL), gets scripts instead (EVALSHA,
+reloaded by redis-py after a restart). Any other error of the load (out of memory, loading, a cluster
+shard down) fails that call alone, and the next call tries again. A server that lost the library (a
+restart without persistence, a new cluster shard) answers "Function not found": the library is loaded
+again, once for all the calls that saw it, and the call is repeated.
 """
 
 from __future__ import annotations
@@ -23,6 +25,13 @@ logger = logging.getLogger(__name__)
 
 def _library_missing(exc: redis.ResponseError) -> bool:
     return "function not found" in str(exc).lower()
+
+
+def _unsupported(exc: redis.ResponseError) -> bool:
+    """The server cannot run functions for us at all (as against a passing trouble)."""
+    text = str(exc).lower()
+    return isinstance(exc, redis.exceptions.NoPermissionError) or "unknown command" in text or \
+        "unknown subcommand" in text or "not supported" in text
 
 
 class LuaCalls:
@@ -51,10 +60,18 @@ class LuaCalls:
         try:
             return await self._client.fcall(function, len(keys), *keys, *args)
         except redis.ResponseError as exc:
+            if isinstance(exc, redis.exceptions.NoPermissionError):  # may load but not call: scripts, from now on
+                self._use_scripts(exc)
+                return await self._scripts[name](keys=keys, args=args)
             if not _library_missing(exc):
                 raise
         await self._load(seen)
         return await self._client.fcall(function, len(keys), *keys, *args)
+
+    def _use_scripts(self, exc: redis.ResponseError) -> None:
+        if self._functions is not False:
+            logger.info("queue: Redis functions unavailable (%s); using scripts", str(exc).split("\n")[0])
+        self._functions = False
 
     async def _load(self, seen: int) -> None:
         if self._loading is None:
@@ -64,12 +81,11 @@ class LuaCalls:
                 return
             try:
                 await self._client.function_load(function_library()[0], replace=True)
-            except redis.ResponseError as exc:  # no FUNCTION command, or not allowed to load one
-                if self._functions is None:
-                    logger.info("queue: Redis functions unavailable (%s); using scripts", str(exc).split("\n")[0])
-                    self._functions = False
-                    return
-                raise
+            except redis.ResponseError as exc:
+                if not _unsupported(exc):
+                    raise
+                self._use_scripts(exc)
+                return
             if self._functions is None:
                 logger.info("queue: using Redis functions (%s)", function_library()[1]["enqueue"].rsplit("_", 1)[0])
             self._functions = True

@@ -81,6 +81,22 @@ async def test_redis_without_functions_runs_scripts(tmp_path) -> None:
         assert _calls(url, "evalsha") + _calls(url, "eval") >= 3
 
 
+@pytest.mark.parametrize("denied", ["-function", "-fcall"], ids=["may-not-load", "may-not-call"])
+async def test_an_account_without_functions_runs_scripts(tmp_path, denied: str) -> None:
+    """An operator's ACL that allows scripts but not FUNCTION LOAD (or not FCALL): scripts, no failed request."""
+    with running_redis(tmp_path, password="admin-pw") as admin_url:
+        if not _has_functions(admin_url):
+            pytest.skip("this redis-server predates functions (Redis 7)")
+        redis.Redis.from_url(admin_url).acl_setuser("gw", enabled=True, passwords=["+gw-pw"], keys=["*"],
+                                                     channels=["*"], commands=["+@all", denied])
+        url = admin_url.replace(":admin-pw@", "gw:gw-pw@")
+        queue = _queue(url, "acl")
+        await queue.register_replica(ReplicaCapacity("r", 1, 10**9), lease_ms=600_000)
+        result = await queue.enqueue(TicketSpec("one", "t", "interactive", 10))
+        assert queue.lua.form == "scripts" and result.grants[0].replica_id == "r"
+        assert (await queue.complete("one", 7)).done
+
+
 async def test_functions_can_be_turned_off(redis_url: str) -> None:
     queue = _queue(redis_url, "off", use_functions=False)
     before = _calls(redis_url, "evalsha") + _calls(redis_url, "eval")
