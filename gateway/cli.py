@@ -149,7 +149,8 @@ def _status_view(queue: Any, board: Any, shown_url: str) -> str:
     sources = queue.run(board.live_sources())
     stale = [labels.get("gateway", "?") for labels, text in published
              if re.search(r"^fleetgate_tenants_file_stale 1", text, re.MULTILINE)]
-    return render_status(queue.snapshot(), queue.keys.namespace, shown_url, sources, stale)
+    snapshot = queue.snapshot()
+    return render_status(snapshot, queue.keys.namespace, shown_url, sources, stale, lua_form=queue.lua.form)
 
 
 def _app_args(config_file: str) -> dict[str, Any]:

@@ -9,11 +9,13 @@ from fleet.snapshot import QueueSnapshot, ReplicaState
 
 
 def render_status(snapshot: QueueSnapshot, namespace: str, redis_url: str, sources: list[str],
-                  stale_tenants_file: list[str] | None = None) -> str:
+                  stale_tenants_file: list[str] | None = None, lua_form: str = "") -> str:
     """A plain-text view of the global queue (one consistent snapshot); ``stale_tenants_file``: the gateways
-    whose tenants file failed to reload (an older one is in force)."""
+    whose tenants file failed to reload (an older one is in force); ``lua_form``: how this Redis runs the
+    queue's Lua for this account ("functions" or "scripts", fleet/lua_calls.py)."""
     now = datetime.datetime.fromtimestamp((snapshot.wall_ms or snapshot.now_ms) / 1000, datetime.UTC)
-    lines = [f"fleetgate status  namespace={namespace}  redis={redis_url}  {now:%Y-%m-%d %H:%M:%S} UTC", ""]
+    lua = f"  lua={lua_form}" if lua_form else ""
+    lines = [f"fleetgate status  namespace={namespace}  redis={redis_url}{lua}  {now:%Y-%m-%d %H:%M:%S} UTC", ""]
     if snapshot.clock_behind_s >= 1:
         lines += [f"note: the queue's clock runs {snapshot.clock_behind_s:.1f} s behind the wall clock (a wall-clock jump was cut "
                   "so that no lease lapsed: a paused VM or an NTP step); leases and ages are measured on it", ""]

@@ -13,6 +13,7 @@ import asyncio
 import uuid
 
 import pytest
+import redis
 import redis.asyncio as aioredis
 
 from fleet.keys import QueueKeys
@@ -112,3 +113,5 @@ def test_status_cli_shows_each_replica_and_its_pools_reserve(redis_url: str, tmp
     assert fleetgate(["status", "--config", str(tmp_path / "local.yaml"), "--redis-url", redis_url]) == 0
     out = capsys.readouterr().out
     assert "lat-1" in out and "short (reserve 1)" in out, out
+    functions = int(redis.Redis.from_url(redis_url).info("server")["redis_version"].split(".")[0]) >= 7
+    assert f"lua={'functions' if functions else 'scripts'}" in out.splitlines()[0]

@@ -65,7 +65,8 @@ def test_status_view_shows_bands_tenants_replicas_gates_and_gateways() -> None:
     assert "none (slot cap)" in r1 and "600/2048" not in r1  # no signals yet: the concurrency cap
     assert all(cell in r2 for cell in ("700/512", "2+1 in flight", "0.42", "0.2s ago", "interactive"))
     assert "gateways publishing: 1 (gw-a)" in view and "granted=10" in view
-    assert "WARNING" not in view
+    assert "WARNING" not in view and "lua=" not in view
+    assert "lua=scripts" in render_status(snapshot, "local", "redis://x", [], lua_form="scripts").splitlines()[0]
     warned = render_status(snapshot, "local", "redis://127.0.0.1:6399/0", ["gateway:gw-a"], ["gw-a"])
     assert "WARNING: gateway gw-a could not reload the tenants file" in warned
     assert "behind the wall clock" not in view
