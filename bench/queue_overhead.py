@@ -163,10 +163,11 @@ def round_trips(url: str, requests: int) -> dict[str, float]:
 
 
 def _process_worker(url: str, namespace: str, tasks: int, seconds: float, rate: float, out: Any) -> None:
-    async def run() -> tuple[int, list[float]]:
+    async def run() -> tuple[int, list[float], float, float]:
         session = QueueSession(_queue(url, namespace), _client(url))
         await session.start()
         done, latencies = 0, []
+        began = time.time()  # wall clock: comparable across the worker processes
         deadline = time.perf_counter() + seconds
 
         async def one(index: int) -> None:
@@ -192,8 +193,9 @@ def _process_worker(url: str, namespace: str, tasks: int, seconds: float, rate: 
                     await one(index)
 
             await asyncio.gather(*(loop(i) for i in range(tasks)))
+        ended = time.time()
         await session.close()
-        return done, latencies
+        return done, latencies, began, ended
 
     try:
         out.put(asyncio.run(run()))
@@ -206,7 +208,6 @@ def _processes(url: str, namespace: str, processes: int, tasks: int, seconds: fl
     out: multiprocessing.Queue = multiprocessing.Queue()
     workers = [multiprocessing.Process(target=_process_worker, args=(url, namespace, tasks, seconds, rate, out))
                for _ in range(processes)]
-    started = time.perf_counter()
     for worker in workers:
         worker.start()
     results = [out.get() for _ in workers]
@@ -215,7 +216,9 @@ def _processes(url: str, namespace: str, processes: int, tasks: int, seconds: fl
     for result in results:
         if isinstance(result, BaseException):
             raise result
-    return sum(r[0] for r in results), [x for r in results for x in r[1]], time.perf_counter() - started
+    # from the first worker's first request to the last one's end: the workers' start-up is not counted
+    elapsed = max(r[3] for r in results) - min(r[2] for r in results)
+    return sum(r[0] for r in results), [x for r in results for x in r[1]], elapsed
 
 
 def throughput(url: str, processes: int, tasks: int, seconds: float) -> dict[str, float]:
