@@ -103,3 +103,14 @@ async def test_functions_can_be_turned_off(redis_url: str) -> None:
     assert (await queue.enqueue(TicketSpec("one", "t", "interactive", 10))).admitted
     assert queue.lua.form == "scripts"
     assert _calls(redis_url, "evalsha") + _calls(redis_url, "eval") > before
+
+
+async def test_the_config_turns_functions_off(redis_url: str) -> None:
+    from fleet.config import QueueConfig
+    from fleet.connection import global_queue, redis_client
+
+    for enabled, form in ((False, "scripts"), (True, "functions" if _has_functions(redis_url) else "scripts")):
+        config = QueueConfig(redis_url=redis_url, namespace=f"cfg-{enabled}", redis_functions=enabled)
+        queue = global_queue(config, redis_client(config))
+        await queue.snapshot()
+        assert queue.lua.form == form
