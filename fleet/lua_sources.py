@@ -21,6 +21,7 @@ SCRIPT_NAMES = (
 )  # fmt: skip
 
 _BEGIN = "local failed = begin_call({keys}, {argv})\nif failed then return failed end"
+_REGISTER = "redis.register_function('{function}', function(keys, argv)\n{begin}\n{body}\nend)"
 
 
 @cache
@@ -49,10 +50,11 @@ def script_source(name: str) -> str:
 def function_library() -> tuple[str, dict[str, str]]:
     """The function library's source and the function name of each call. Names carry a hash of the source,
     so gateways of two releases (a rolling upgrade) each call their own code on one Redis."""
-    digest = hashlib.sha1("\n".join((_library(), *map(_read, SCRIPT_NAMES))).encode()).hexdigest()[:12]
-    names = {name: f"fleetgate_{digest}_{name}" for name in SCRIPT_NAMES}
-    parts = [f"#!lua name=fleetgate_{digest}", _library()]
+    # the hash covers everything the library holds but the names it derives: the files and the wrapping
+    digest = hashlib.sha1("\n".join((_BEGIN, _REGISTER, _library(), *map(_read, SCRIPT_NAMES))).encode())
+    names = {name: f"fleetgate_{digest.hexdigest()[:12]}_{name}" for name in SCRIPT_NAMES}
+    parts = [f"#!lua name=fleetgate_{digest.hexdigest()[:12]}", _library()]
     for name in SCRIPT_NAMES:
-        parts.append(f"redis.register_function('{names[name]}', function(keys, argv)\n"
-                     f"{_BEGIN.format(keys='keys', argv='argv')}\n{_read(name)}\nend)")
+        parts.append(_REGISTER.format(function=names[name], begin=_BEGIN.format(keys="keys", argv="argv"),
+                                      body=_read(name)))
     return "\n".join(parts), names
