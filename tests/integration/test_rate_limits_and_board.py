@@ -13,7 +13,6 @@ import asyncio
 import uuid
 
 import pytest
-import redis
 import redis.asyncio as aioredis
 
 from fleet.keys import QueueKeys
@@ -101,6 +100,7 @@ def test_status_cli_shows_each_replica_and_its_pools_reserve(redis_url: str, tmp
                                                              capsys: pytest.CaptureFixture) -> None:
     from gateway.cli import main as fleetgate
     from tests.conftest import REPO_ROOT
+    from tests.support.local_redis import has_functions
 
     keys = QueueKeys(namespace=f"st{uuid.uuid4().hex[:10]}")
     replica = ReplicaCapacity("lat-1", 4, 10**6, frozenset({"short", "long"}), "latency", frozenset({"short"}),
@@ -113,5 +113,4 @@ def test_status_cli_shows_each_replica_and_its_pools_reserve(redis_url: str, tmp
     assert fleetgate(["status", "--config", str(tmp_path / "local.yaml"), "--redis-url", redis_url]) == 0
     out = capsys.readouterr().out
     assert "lat-1" in out and "short (reserve 1)" in out, out
-    functions = int(redis.Redis.from_url(redis_url).info("server")["redis_version"].split(".")[0]) >= 7
-    assert f"lua={'functions' if functions else 'scripts'}" in out.splitlines()[0]
+    assert f"lua={'functions' if has_functions(redis_url) else 'scripts'}" in out.splitlines()[0]

