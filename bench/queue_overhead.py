@@ -120,7 +120,8 @@ def redis_cost(url: str, replicas: int, waiting_tenants: int, requests: int,
                pooled: bool = False, functions: bool | None = None) -> dict[str, Any]:
     """Redis time per request (enqueue + complete) with this many replicas and unplaceable waiting tenants
     (``pooled``: half of them latency replicas that keep a guarded index; ``functions`` False: scripts)."""
-    form = "functions" if (FUNCTIONS["on"] if functions is None else functions) else "scripts"
+    functions = FUNCTIONS["on"] if functions is None else functions
+    form = "functions" if functions else "scripts"
     namespace = f"cost-{replicas}-{waiting_tenants}{'-pooled' if pooled else ''}-{form}"
     asyncio.run(_fleet(url, namespace, replicas, waiting_tenants, pooled=pooled))
     client = redis.Redis.from_url(url)

@@ -55,7 +55,7 @@ class LuaCalls:
             await self._load(self._loads)
         if not self._functions:
             return await self._scripts[name](keys=keys, args=args)
-        function = function_library()[1][name]
+        function = function_library().functions[name]
         seen = self._loads
         try:
             return await self._client.fcall(function, len(keys), *keys, *args)
@@ -80,13 +80,13 @@ class LuaCalls:
             if self._loads != seen or self._functions is False:  # another call loaded it, or found none
                 return
             try:
-                await self._client.function_load(function_library()[0], replace=True)
+                await self._client.function_load(function_library().source, replace=True)
             except redis.ResponseError as exc:
                 if not _unsupported(exc):
                     raise
                 self._use_scripts(exc)
                 return
             if self._functions is None:
-                logger.info("queue: using Redis functions (%s)", function_library()[1]["enqueue"].rsplit("_", 1)[0])
+                logger.info("queue: using Redis functions (%s)", function_library().name)
             self._functions = True
             self._loads += 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from functools import cache
 from pathlib import Path
+from typing import NamedTuple
 
 LUA_DIR = Path(__file__).with_name("lua")
 # the library every call starts with: state, then one file per policy seam, then the dispatch loop
@@ -46,15 +47,24 @@ def script_source(name: str) -> str:
     return script_around(_read(name))
 
 
+class FunctionLibrary(NamedTuple):
+    """The queue's Lua as one function library: its name, its source, and the function of each call."""
+
+    name: str
+    source: str
+    functions: dict[str, str]
+
+
 @cache
-def function_library() -> tuple[str, dict[str, str]]:
-    """The function library's source and the function name of each call. Names carry a hash of the source,
+def function_library() -> FunctionLibrary:
+    """The function library. Its name carries a hash of the source, and each function's name the library's,
     so gateways of two releases (a rolling upgrade) each call their own code on one Redis."""
     # the hash covers everything the library holds but the names it derives: the files and the wrapping
     digest = hashlib.sha1("\n".join((_BEGIN, _REGISTER, _library(), *map(_read, SCRIPT_NAMES))).encode())
-    names = {name: f"fleetgate_{digest.hexdigest()[:12]}_{name}" for name in SCRIPT_NAMES}
-    parts = [f"#!lua name=fleetgate_{digest.hexdigest()[:12]}", _library()]
+    library = f"fleetgate_{digest.hexdigest()[:12]}"
+    functions = {name: f"{library}_{name}" for name in SCRIPT_NAMES}
+    parts = [f"#!lua name={library}", _library()]
     for name in SCRIPT_NAMES:
-        parts.append(_REGISTER.format(function=names[name], begin=_BEGIN.format(keys="keys", argv="argv"),
+        parts.append(_REGISTER.format(function=functions[name], begin=_BEGIN.format(keys="keys", argv="argv"),
                                       body=_read(name)))
-    return "\n".join(parts), names
+    return FunctionLibrary(library, "\n".join(parts), functions)
