@@ -23,7 +23,7 @@ from typing import Any
 from bench import sweep
 from bench.capacity import rate_scale_for
 from bench.host_calibration import host_cost_model
-from bench.metrics import RequestRecord, summarise
+from bench.metrics import RequestRecord, summarise, write_records
 from bench.sweep import LIVE_PROFILES
 from bench.systems import SYSTEMS, systems_for
 from bench.workload import PlannedRequest, Scenario, generate
@@ -47,6 +47,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         p.add_argument("--duration-scale", type=float, default=1.0, help="stretch every scenario")
         p.add_argument("--out", type=Path, default=Path(f"bench/results/{mode}"))
         p.add_argument("--no-references", action="store_true", help="skip the runs without the named tenants")
+        p.add_argument("--records", action="store_true",
+                       help="also write every request's record, one JSON line each, to "
+                            "<out>/records/<scenario>--<system>.jsonl (per-request analysis; keep them out of the repo)")
         p.add_argument("--loads", default=None,
                        help="a load sweep instead: offered loads as multiples of capacity, e.g. 0.5,1,2,3 "
                             "(bench/sweep.py)")
@@ -224,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
                     entry["systems"][label]["engine_time"] = runner.last_engine_time
                 if not without:
                     records.setdefault(scenario.name, {})[label] = got
+                if args.records:
+                    write_records(args.out / "records" / f"{scenario.name}--{label.replace(' ', '-')}.jsonl", got)
                 args.out.mkdir(parents=True, exist_ok=True)  # what has run so far survives a later failure
                 (args.out / "results.json").write_text(json.dumps(results, indent=1))
         finally:

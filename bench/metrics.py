@@ -27,10 +27,12 @@ are computed the same way for all of them:
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from bench.workload import PlannedRequest, Slo
 
@@ -254,6 +256,12 @@ def fairness(records: list[RequestRecord], window_s: float, span_s: float) -> di
         "windows_compared": len(indices),
         "max_weighted_gap_tokens": gap,
     }
+
+
+def write_records(path: Path, records: list[RequestRecord]) -> None:
+    """Write ``records`` to ``path``, one JSON object a line (what the client saw of each request)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(asdict(record)) + "\n" for record in records))
 
 
 def summarise(records: list[RequestRecord], slo: Slo, window_s: float) -> dict:

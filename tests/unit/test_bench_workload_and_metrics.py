@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from bench.metrics import RequestRecord, fair_shares, fairness, percentile, summarise, tail_breakdown
+from bench.metrics import (RequestRecord, fair_shares, fairness, percentile, summarise, tail_breakdown,
+                           write_records)
 from bench.workload import Scenario, generate
 
 SCENARIOS = sorted((Path(__file__).parents[2] / "bench" / "scenarios").glob("*.yaml"))
@@ -105,3 +107,11 @@ def test_the_tail_says_which_pool_ran_the_slowest_requests_and_where_their_time_
     assert tail["pools"] == {"throughput": 2}
     assert tail["queue_p50_s"] == pytest.approx(0.5) and tail["to_first_token_p50_s"] == pytest.approx(2.0)
     assert tail_breakdown([RequestRecord("r", "a", "interactive", 1.0, 5, 5, 0.0, status=429)]) is None
+
+
+def test_records_are_written_one_json_line_each_and_read_back_whole(tmp_path: Path) -> None:
+    records = [_record("a", 0.0, [0.5, 0.6]), _record("b", 0.1, [0.9])]
+    path = tmp_path / "records" / "burst--gateway.jsonl"
+    write_records(path, records)
+    lines = path.read_text().splitlines()
+    assert [RequestRecord(**json.loads(line)) for line in lines] == records
