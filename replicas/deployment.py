@@ -20,6 +20,7 @@ from replicas.cpu_binding import CpuBinding
 from replicas.engine_dtype import cpu_flags, engine_dtype
 from replicas.engine_signals import vllm_signals, vllm_step_hook
 from replicas.engine_settings import EngineSettings
+from replicas.engine_wait import SPIN_MS_ENV
 from replicas.spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ class VLLMReplica(ReplicaBase):
     async def __init__(self, spec: ReplicaSpec) -> None:
         self._adopt(spec)
         settings = EngineSettings.model_validate(spec.engine)
-        _prepare_process_environment(spec.cpu_binding, spec.cache_dir)
+        _prepare_process_environment(spec.cpu_binding, spec.cache_dir, settings.spin_wait_ms)
         self._step_stats: Any = None
         budget = settings.step_budget(spec.own_prompt_limit())
         self._engine, self._state = await _start_engine(settings, spec.model_path, spec.served_model_name,
@@ -136,8 +137,11 @@ class VLLMReplica(ReplicaBase):
         return leaving
 
 
-def _prepare_process_environment(cpu_binding: CpuBinding | None, cache_dir: str | None) -> None:
+def _prepare_process_environment(cpu_binding: CpuBinding | None, cache_dir: str | None,
+                                 spin_wait_ms: float | None = None) -> None:
     """Set the vLLM process environment before the engine starts (its worker processes inherit it)."""
+    if spin_wait_ms is not None:
+        os.environ[SPIN_MS_ENV] = str(spin_wait_ms)
     if cache_dir:
         os.makedirs(cache_dir, exist_ok=True)
         os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(cache_dir, "vllm"))

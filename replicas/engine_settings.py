@@ -58,6 +58,12 @@ class EngineSettings(BaseModel):
     kv_cache_memory_bytes: int | None = Field(
         None, ge=1, description="Explicit KV cache size in bytes (CPU and GPU); overrides memory sizing."
     )
+    spin_wait_ms: float | None = Field(
+        None, ge=0, description="How long the engine's processes spin for each other's next message between steps "
+        "before they sleep between checks (replicas/engine_wait.py). vLLM spins for a second after every "
+        "message, which under load keeps a core busy per engine; on a host of few cores (CPU replicas) that "
+        "starves the proxy and gateways. None: vLLM's own wait.",
+    )
     extra_args: list[str] = Field(
         default_factory=list, description="Further vLLM CLI arguments, passed through verbatim."
     )
