@@ -20,7 +20,7 @@ from replicas.cpu_binding import CpuBinding
 from replicas.engine_dtype import cpu_flags, engine_dtype
 from replicas.engine_signals import vllm_signals, vllm_step_hook
 from replicas.engine_settings import EngineSettings
-from replicas.engine_wait import SPIN_MS_ENV
+from replicas.engine_wait import SPIN_MS_ENV, plugin_registered
 from replicas.spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
@@ -142,6 +142,9 @@ def _prepare_process_environment(cpu_binding: CpuBinding | None, cache_dir: str 
     """Set the vLLM process environment before the engine starts (its worker processes inherit it)."""
     if spin_wait_ms is not None:
         os.environ[SPIN_MS_ENV] = str(spin_wait_ms)
+        if not plugin_registered():
+            logger.warning("spin_wait_ms is set but vLLM will not find its plugin: reinstall the project "
+                           "(pip install -e .) so that its vllm.general_plugins entry point is registered")
     if cache_dir:
         os.makedirs(cache_dir, exist_ok=True)
         os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(cache_dir, "vllm"))

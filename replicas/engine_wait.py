@@ -16,6 +16,7 @@ every engine process by vLLM's ``vllm.general_plugins`` entry point (pyproject.t
 
 from __future__ import annotations
 
+import importlib.metadata
 import inspect
 import logging
 import os
@@ -64,6 +65,12 @@ def install(spin_ms: float) -> bool:
     patched.fleetgate_original = original  # type: ignore[attr-defined]
     SpinCondition.wait = patched
     return True
+
+
+def plugin_registered() -> bool:
+    """True when vLLM will find :func:`install_from_env` (the project is installed with its entry points)."""
+    return any(plugin.value == f"{__name__}:install_from_env"
+               for plugin in importlib.metadata.entry_points(group="vllm.general_plugins"))
 
 
 def install_from_env() -> None:

@@ -97,3 +97,4 @@ def test_the_replica_passes_its_setting_to_the_engine_processes_and_not_to_vllms
 def test_vllm_finds_the_plugin_in_every_engine_process() -> None:
     plugins = importlib.metadata.entry_points(group="vllm.general_plugins")
     assert [p.value for p in plugins if p.name == "fleetgate_engine_wait"] == ["replicas.engine_wait:install_from_env"]
+    assert engine_wait.plugin_registered()
