@@ -71,11 +71,12 @@ class PoolConfig(BaseModel):
         "in a small latency pool: see deploy/gpu.yaml for what it changed.",
     )
     stream_batching_interval_ms: float = Field(
-        0, ge=0, le=1000,
+        50, ge=0, le=1000,
         description="A stream's tokens go from replica to client at most once per this interval, joined (the "
-        "first token, and one after a quiet interval, go at once), so fewer Serve messages carry them; Ray "
-        "Serve LLM uses 50. 0 (default): every token as its own message, the smoothest stream. See "
-        "docs/configuration.md for what was measured.",
+        "first token, and one after a quiet interval, go at once), so fewer Serve messages carry them: on 2 "
+        "cores it cut the Serve proxy's and the gateway's CPU per streamed request by half. 50 (default) is "
+        "Ray Serve LLM's own; 0: every token as its own message. See docs/configuration.md for what was "
+        "measured.",
     )
 
 

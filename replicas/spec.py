@@ -28,7 +28,8 @@ class ReplicaSpec(BaseModel):
     reserve: int = Field(0, ge=0, description="Replicas of its pool kept free of guarded work (PoolConfig.reserve).")
     metrics_interval_s: float = Field(2.0, gt=0, description="How often it publishes its metrics to the fleet.")
     stream_batching_interval_ms: float = Field(
-        0, ge=0, description="A stream's lines go at most once per this interval, joined (replicas/stream_batching.py)."
+        0, ge=0, description="A stream's lines go at most once per this interval, joined (replicas/stream_batching.py); "
+        "the gateway passes its pool's setting (50 by default), 0 sends each line as its own message."
     )
     simulated: str | None = Field(None, description="Cost model of the simulated engine; None: real vLLM.")
     time_scale: float = Field(1.0, ge=1.0, description="Simulated engine: each step takes this many times its model.")
