@@ -45,11 +45,13 @@ class StreamUsage:
         self._chunks = 0
         self._reported_total: int | None = None
         self.chunk_times: list[float] = []
+        self.finished = False  # the stream ended ([DONE], or its replica failed): nothing left to ask it
 
     def observe(self, line: str) -> str | None:
         """Record one SSE line; the line to send on to the client (usage taken out if it did not ask for
         it), or None to hold it back."""
         if not line.startswith("data: {"):
+            self.finished = self.finished or line.startswith("data: [DONE]")
             return line
         if '"usage"' in line:
             event = json.loads(line[len("data: "):])

@@ -130,7 +130,10 @@ class RequestLifecycle:
                 if usage.chunk_times:
                     stages.lap("first_token", at=usage.chunk_times[0])
                     stages.lap("relay")
-                await settlement.settle(usage.total_tokens, usage.chunk_times)
+                served_tokens = usage.total_tokens
+                if not usage.finished:  # cut: the replica may have read more of it than it relayed
+                    served_tokens = max(served_tokens, await self._served_by_cut_stream(place))
+                await settlement.settle(served_tokens, usage.chunk_times)
 
             streaming = True
             return SettlingStreamingResponse(relay_lines(replies, usage), on_exit, headers)
@@ -170,6 +173,21 @@ class RequestLifecycle:
             await settlement.settle(await self._served_after_client_left(place, size))
 
         await run_apart(ask_then_settle(), context=contextvars.Context())
+
+    async def _served_by_cut_stream(self, place: Admitted) -> int:
+        """A stream cut before its end: the engine's latest count as its replica read it, lines it held back
+        for batching included (0 when it cannot say in time: the relayed count stands)."""
+        if place.replica_id is None or place.ticket_id is None:
+            return 0
+        ask = asyncio.get_running_loop().create_task(  # in a context of its own: Ray Serve cancels the handle
+            self._pools.served(place.pool, place.replica_id, place.ticket_id, SERVED_WAIT_S),  # calls of a
+            context=contextvars.Context())  # cancelled request, and a client that left cancelled this one
+        try:
+            served = await asyncio.wait_for(ask, SERVED_WAIT_S + 1)
+        except Exception as exc:
+            logger.warning("a replica did not say what a cut stream served: %s", type(exc).__name__)
+            return 0
+        return served or 0
 
     async def _served_after_client_left(self, place: Admitted, size: Classification) -> int:
         """The client left while a replica held its request (Ray Serve cancels the replica's call with the

@@ -30,6 +30,7 @@ async def relay_lines(replies: DeploymentResponseGenerator, usage: StreamUsage) 
                 yield "".join(forwarded)
     except Exception as exc:  # the replica died or failed mid-stream
         logger.warning("stream from replica failed: %s", type(exc).__name__)
+        usage.finished = True  # ended here: there is no replica left to ask what it served
         error = error_body("The model replica failed during the stream.", "service_unavailable", "replica_failed")
         yield f"data: {json.dumps(error)}\n\n"
         yield "data: [DONE]\n\n"

@@ -21,6 +21,7 @@ from replicas.call_outcomes import CallOutcomes
 from replicas.engine_signals import RequestTracker
 from replicas.spec import ReplicaSpec
 from replicas.stream_batching import batched_lines
+from replicas.stream_usage import LatestUsage
 
 Endpoint = Literal["chat", "completion"]
 MISROUTED = 421  # "misdirected request": the call reached a replica other than the granted one
@@ -117,10 +118,11 @@ class ReplicaBase:
         if ticket_id is not None and self._reporter is not None:
             self._reporter.received(ticket_id)
         served: int | None = None
+        replies = LatestUsage(self.serve(endpoint, body))
         try:
             first = True
             interval_s = self.spec.stream_batching_interval_ms / 1000 if body.get("stream") else 0.0
-            async for message in batched_lines(self.serve(endpoint, body), interval_s):
+            async for message in batched_lines(replies.__aiter__(), interval_s):
                 if first and isinstance(message, str):  # the stream's first line: the engine has started it
                     self.tracker.started(key)
                     first = False
@@ -128,8 +130,9 @@ class ReplicaBase:
                     served = _served_in(message)
                 yield message
         finally:
-            if ticket_id is not None:
-                self.outcomes.end(ticket_id, self._served_when_cut.pop(key, served))
+            if ticket_id is not None:  # a stream: the engine's latest count, lines held for batching included
+                self.outcomes.end(ticket_id, self._served_when_cut.pop(key, served if served is not None
+                                                                        else replies.total_tokens()))
             self.tracker.leave(key)
             self.engine_stepped()  # an abort changes the engine's state without a step
 

@@ -15,8 +15,8 @@ KEPT = 1024  # ended calls (and stops of calls not yet arrived) remembered, newe
 
 
 class CallOutcomes:
-    """Per grant (ticket id): the tokens its call served, None where the replica does not know (a stream's
-    lines are counted by the gateway)."""
+    """Per grant (ticket id): the tokens its call served (a stream's: the engine's latest count, lines held
+    for batching included), None where the replica does not know."""
 
     def __init__(self, kept: int = KEPT) -> None:
         self._kept = kept

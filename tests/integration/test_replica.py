@@ -9,6 +9,7 @@ acknowledged).
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -213,3 +214,21 @@ async def test_a_cancelled_call_records_what_its_engine_served(replica, queue_co
         "completion", body, granted_replica=grant.replica_id, ticket_id="t-late")]
     assert [r["status"] for r in replies] == [GIVEN_UP]
     await queue.complete("t-late", 0)
+
+
+async def test_a_stream_cut_short_reports_the_engines_latest_count(replica) -> None:
+    """The gateway charges a stream its client left by the engine's latest count; a replica that holds lines
+    back for batching says what it read, which is at least what it had sent."""
+    body = {"model": TINY_MODEL_NAME, "prompt": "x", "max_tokens": 4000, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    queue = _queue()
+    (grant,) = (await queue.enqueue(TicketSpec("t-cut", "acme", "interactive", 10))).grants
+    replies = replica.options(stream=True).generate.remote("completion", body, granted_replica=grant.replica_id,
+                                                           ticket_id="t-cut")
+    assert (await replies.__anext__())["stream"]
+    sent = [await replies.__anext__() for _ in range(3)]
+    sent_total = max(json.loads(line[len("data: "):])["usage"]["total_tokens"] for line in sent)
+    replies.cancel()
+    served = await replica.served.remote("t-cut", 5.0, granted_replica=grant.replica_id)
+    assert served is not None and served >= sent_total > 1
+    await queue.complete("t-cut", served)
