@@ -177,32 +177,30 @@ class RequestLifecycle:
     async def _served_by_cut_stream(self, place: Admitted) -> int:
         """A stream cut before its end: the engine's latest count as its replica read it, lines it held back
         for batching included (0 when it cannot say in time: the relayed count stands)."""
-        if place.replica_id is None or place.ticket_id is None:
-            return 0
-        ask = asyncio.get_running_loop().create_task(  # in a context of its own: Ray Serve cancels the handle
-            self._pools.served(place.pool, place.replica_id, place.ticket_id, SERVED_WAIT_S),  # calls of a
-            context=contextvars.Context())  # cancelled request, and a client that left cancelled this one
-        try:
-            served = await asyncio.wait_for(ask, SERVED_WAIT_S + 1)
-        except Exception as exc:
-            logger.warning("a replica did not say what a cut stream served: %s", type(exc).__name__)
-            return 0
-        return served or 0
+        return await self._served_as_replica_recorded(place, "a cut stream") or 0
 
     async def _served_after_client_left(self, place: Admitted, size: Classification) -> int:
         """The client left while a replica held its request (Ray Serve cancels the replica's call with the
         client's): the tokens its engine served, as the replica recorded them. Work that ran is never refunded:
         the request's estimate when the replica cannot say (no grant names it, a stream cut before its first
         line, no answer within SERVED_WAIT_S)."""
-        if place.replica_id is None or place.ticket_id is None:
-            return size.cost
-        try:
-            served = await asyncio.wait_for(
-                self._pools.served(place.pool, place.replica_id, place.ticket_id, SERVED_WAIT_S), SERVED_WAIT_S + 1)
-        except Exception as exc:
-            logger.warning("a replica did not say what a cancelled request served: %s", type(exc).__name__)
-            return size.cost
+        served = await self._served_as_replica_recorded(place, "a cancelled request")
         return size.cost if served is None else served
+
+    async def _served_as_replica_recorded(self, place: Admitted, what: str) -> int | None:
+        """The tokens the granted replica recorded for the call of ``place`` once it ended; None when no grant
+        names a replica, or it does not say within SERVED_WAIT_S. Asked in a context of its own: Ray Serve
+        cancels the handle calls of a cancelled request, and a client that left cancelled this one."""
+        if place.replica_id is None or place.ticket_id is None:
+            return None
+        ask = asyncio.get_running_loop().create_task(
+            self._pools.served(place.pool, place.replica_id, place.ticket_id, SERVED_WAIT_S),
+            context=contextvars.Context())
+        try:
+            return await asyncio.wait_for(ask, SERVED_WAIT_S + 1)
+        except Exception as exc:
+            logger.warning("a replica did not say what %s served: %s", what, type(exc).__name__)
+            return None
 
 def _check_beam_search(parsed: ParsedRequest, vllm_priority: int) -> None:
     """vLLM runs beam search at priority 0 whatever the request's priority (its beam path passes none), so a

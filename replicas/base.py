@@ -122,7 +122,7 @@ class ReplicaBase:
         try:
             first = True
             interval_s = self.spec.stream_batching_interval_ms / 1000 if body.get("stream") else 0.0
-            async for message in batched_lines(replies.__aiter__(), interval_s):
+            async for message in batched_lines(aiter(replies), interval_s):
                 if first and isinstance(message, str):  # the stream's first line: the engine has started it
                     self.tracker.started(key)
                     first = False

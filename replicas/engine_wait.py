@@ -64,6 +64,9 @@ def install(spin_ms: float) -> bool:
     patched = gentle_wait(original, spin_ms / 1000)
     patched.fleetgate_original = original  # type: ignore[attr-defined]
     SpinCondition.wait = patched
+    if wait is original:  # the first time in this process (vLLM loads its plugins more than once)
+        logger.info("engine process %d: shared-memory readers spin %.1f ms, then sleep between checks",
+                    os.getpid(), spin_ms)
     return True
 
 
@@ -83,16 +86,4 @@ def install_from_env() -> None:
     except ValueError:
         logger.warning("%s=%r is not a number of milliseconds; vLLM's own wait is kept", SPIN_MS_ENV, value)
         return
-    already = _installed_spin_s() is not None
-    if install(spin_ms) and not already:
-        logger.info("engine process %d: shared-memory readers spin %.1f ms, then sleep between checks",
-                    os.getpid(), spin_ms)
-
-
-def _installed_spin_s() -> float | None:
-    """The spin this process's readers were given, or None while vLLM's own wait is in place."""
-    try:
-        from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
-    except ImportError:
-        return None
-    return getattr(getattr(SpinCondition, "wait", None), "fleetgate_spin_s", None)
+    install(spin_ms)
