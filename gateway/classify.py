@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fleet.config import QueueConfig
-from gateway.errors import ContextLengthExceeded
+from gateway.errors import ContextLengthExceeded, InvalidValue
 from gateway.request_parsing import ParsedRequest
 from gateway.tokens import PromptTokenCounter
 from policies.classification import estimate_batch_cost
@@ -27,8 +27,9 @@ class Classification:
 class RequestClassifier:
     """Counts prompt tokens and classifies requests for one model."""
 
-    def __init__(self, config: QueueConfig, model_path: str) -> None:
+    def __init__(self, config: QueueConfig, model_path: str, max_sequences: int | None = None) -> None:
         self._counter = PromptTokenCounter(model_path)
+        self._max_sequences = max_sequences
         self._lengths = config.length_class_policy()
         self._default_output_tokens = config.default_output_tokens
 
@@ -37,7 +38,9 @@ class RequestClassifier:
 
         A batch of prompts (a completions request's list) is checked against the context prompt by prompt,
         classed by its longest prompt, and costs every prompt; ``n`` (or the beam width) multiplies the
-        output each prompt may produce."""
+        output each prompt may produce. A request of more engine sequences (prompts times ``n``) than
+        ``max_sequences`` is a 400, before any tokenizing."""
+        self._check_sequences(parsed)
         prompts = await self._counter.count(parsed)
         longest = max(prompts)
         if max_model_len and longest + (parsed.max_tokens or 1) > max_model_len:
@@ -49,3 +52,15 @@ class RequestClassifier:
         cost = estimate_batch_cost(prompts, parsed.max_tokens, self._default_output_tokens,
                                    max_model_len or longest + self._default_output_tokens, parsed.sequences)
         return Classification(sum(prompts), self._lengths.classify(longest), cost)
+
+    def _check_sequences(self, parsed: ParsedRequest) -> None:
+        # the queue grants a request one sequence slot of one replica: a request of many sequences would fill
+        # that replica's engine past what its grant reserved, ahead of the work the queue holds back
+        sequences = parsed.engine_requests
+        if self._max_sequences is not None and sequences > self._max_sequences:
+            batch = sequences // parsed.sequences
+            raise InvalidValue(
+                f"This request asks for {sequences} sequences ({batch} prompt(s) x n={parsed.sequences}); this "
+                f"gateway runs at most {self._max_sequences} per request. Send fewer prompts or a smaller n.",
+                param="n" if parsed.sequences > 1 else "prompt",
+            )

@@ -92,6 +92,11 @@ class GatewayDeploymentConfig(BaseModel):
     max_body_bytes: int = Field(
         8 << 20, ge=1024, description="Largest request body accepted (then 413); bounds memory per request."
     )
+    max_sequences_per_request: int | None = Field(
+        None, ge=1, description="Most engine sequences one request may ask for (prompts of a batch times `n`; "
+        "then 400). The queue grants a request one sequence slot, so more would fill an engine past its grant. "
+        "Default: the smallest `max_num_seqs` of the pools, what one engine runs at once.",
+    )
 
 
 class AccessConfig(BaseModel):
@@ -157,6 +162,11 @@ class AppConfig(BaseModel):
     access: AccessConfig = Field(default_factory=AccessConfig, description="Authentication and tenants.")
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Prometheus metrics.")
     cache_dir: str = Field(".cache/runtime", description="Where vLLM keeps compile caches and IPC sockets.")
+
+    def sequence_limit(self) -> int:
+        """Most engine sequences one request may ask for (``gateway.max_sequences_per_request``, or the smallest
+        engine's ``max_num_seqs``)."""
+        return self.gateway.max_sequences_per_request or min(pool.engine.max_num_seqs for pool in self.pools)
 
     @field_validator("pools")
     @classmethod

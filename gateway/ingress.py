@@ -76,9 +76,10 @@ class Gateway:
         preload_protocol_models()
         self._admission = admission_for(settings.queue, settings.pool_plan(), self.metrics)
         await self._admission.start()
+        classifier = RequestClassifier(settings.queue, settings.model.path, settings.sequence_limit())
         self._lifecycle = RequestLifecycle(
             served_model_name=settings.model.name, max_body_bytes=settings.gateway.max_body_bytes,
-            queue=settings.queue, access=self._access, classifier=RequestClassifier(settings.queue, settings.model.path),
+            queue=settings.queue, access=self._access, classifier=classifier,
             admission=self._admission, pools=self._pools, metrics=self.metrics,
             template_options=frozenset(settings.model.chat_template_options),
         )

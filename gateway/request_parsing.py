@@ -6,7 +6,8 @@ on any replica; the replica validates again with the same models, so both ends a
 The chat template is the operator's: a request may not send its own (`chat_template`: Jinja, code that
 would run at the gateway and the replica), and may set only the template options the operator allows
 (`chat_template_kwargs`), each to a plain value, so no client changes how its prompt is rendered or
-counted beyond what the model's template offers.
+counted beyond what the model's template offers. Nor may it send ``kv_transfer_params``, which in
+disaggregated serving names KV blocks on another engine.
 """
 
 from __future__ import annotations
@@ -36,6 +37,22 @@ class ParsedRequest:
     body_chars: int
     sequences: int = 1  # output sequences per prompt: n (the beam width with beam search)
 
+    @property
+    def engine_requests(self) -> int:
+        """Requests the engine runs for this one: ``n`` for each prompt of the batch."""
+        return len(prompts_of(self)) * self.sequences
+
+
+def prompts_of(parsed: ParsedRequest) -> list[Any]:
+    """The prompts of ``parsed``: a chat's messages as one; a completion's prompt, or each of its batch (a
+    list of strings or of token lists; one list of token ids is one prompt)."""
+    if parsed.endpoint == "chat":
+        return [parsed.body["messages"]]
+    prompt = parsed.body.get("prompt", "")
+    if isinstance(prompt, list) and prompt and not all(isinstance(token, int) for token in prompt):
+        return prompt
+    return [prompt]
+
 
 def parse_request(raw_body: bytes, endpoint: Endpoint, template_options: frozenset[str] = frozenset()) -> ParsedRequest:
     """Parse and validate ``raw_body`` for ``endpoint``; raise InvalidJSON, InvalidRequest or InvalidValue.
@@ -60,6 +77,11 @@ def parse_request(raw_body: bytes, endpoint: Endpoint, template_options: frozens
         parameter = getattr(exc, "parameter", None)
         message = str(exc.args[0]) if exc.args else "invalid request"
         raise InvalidValue(message, param=parameter) from None
+    if body.get("kv_transfer_params") is not None:
+        # disaggregated serving's handle on KV blocks held by another engine: set by the serving system
+        # between its prefill and decode engines, never by a client (one could name another request's blocks)
+        raise InvalidValue("kv_transfer_params: set by the serving system, not by a request.",
+                           param="kv_transfer_params")
     if endpoint == "chat":
         _check_chat(body, template_options)
     max_tokens = getattr(request, "max_completion_tokens", None) or getattr(request, "max_tokens", None)

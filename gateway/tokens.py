@@ -10,7 +10,7 @@ import asyncio
 from typing import Any
 
 from gateway.errors import InvalidValue
-from gateway.request_parsing import ParsedRequest
+from gateway.request_parsing import ParsedRequest, prompts_of
 
 OFF_LOOP_ABOVE_CHARS = 4_000
 
@@ -34,10 +34,7 @@ class PromptTokenCounter:
         """Tokens of each prompt of ``parsed``, on the calling thread."""
         if parsed.endpoint == "chat":
             return [self._chat_tokens(parsed.body)]
-        prompt = parsed.body.get("prompt", "")
-        if isinstance(prompt, list) and prompt and not all(isinstance(token, int) for token in prompt):
-            return [self._completion_tokens(item) for item in prompt]  # a batch of prompts
-        return [self._completion_tokens(prompt)]
+        return [self._completion_tokens(prompt) for prompt in prompts_of(parsed)]
 
     def _chat_tokens(self, body: dict[str, Any]) -> int:
         # what vLLM renders: the messages with the tools and documents the template reads, and the allowed

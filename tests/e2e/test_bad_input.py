@@ -74,6 +74,21 @@ def test_impossible_max_tokens_is_4xx(base_url: str, api_keys: dict, max_tokens,
     _error(response, status, code)
 
 
+def test_more_sequences_than_one_engine_runs_is_400(base_url: str, api_keys: dict) -> None:
+    """The queue grants a request one sequence slot; ``n`` and a batch of prompts multiply what the engine runs,
+    so the gateway bounds their product (by default the shipped engines' max_num_seqs, 32)."""
+    headers = auth(api_keys["calm"])
+    chat = {"model": TINY_MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "n": 33}
+    error = _error(httpx.post(f"{base_url}/v1/chat/completions", json=chat, headers=headers, timeout=60), 400,
+                   "invalid_value")
+    assert error["param"] == "n" and "33 sequences" in error["message"]
+    batch = {"model": TINY_MODEL_NAME, "prompt": ["x"] * 11, "max_tokens": 1, "n": 3}
+    assert _error(httpx.post(f"{base_url}/v1/completions", json=batch, headers=headers, timeout=60), 400,
+                  "invalid_value")["param"] == "n"
+    within = {**batch, "prompt": ["x"] * 4, "n": 8}
+    assert httpx.post(f"{base_url}/v1/completions", json=within, headers=headers, timeout=60).status_code == 200
+
+
 def test_unknown_fields_are_ignored_as_vllm_does(base_url: str, api_keys: dict) -> None:
     body = {"model": TINY_MODEL_NAME, "prompt": "x", "max_tokens": 1, "no_such_option": {"a": 1}}
     assert httpx.post(f"{base_url}/v1/completions", json=body, headers=auth(api_keys["calm"]),

@@ -101,3 +101,26 @@ def test_each_tenant_gets_its_own_prefix_cache_salt_and_a_clients_is_replaced() 
     _prepare_body(parsed, vllm_priority=1, salt=cache_salt("acme"))
     assert parsed.body["cache_salt"] == cache_salt("acme") != cache_salt("other")
     assert parsed.body["priority"] == 1
+
+
+@pytest.mark.parametrize("endpoint,body,sequences", [
+    ("chat", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 3}, 3),
+    ("completion", {"model": "m", "prompt": "hi"}, 1),
+    ("completion", {"model": "m", "prompt": [5, 6, 7], "n": 2}, 2),  # one prompt of token ids
+    ("completion", {"model": "m", "prompt": ["a", "b", "c", "d"], "n": 2}, 8),
+    ("completion", {"model": "m", "prompt": [[5, 6], [7]]}, 2),
+], ids=["chat-n", "one", "token-ids", "batch-n", "token-id-batch"])
+def test_engine_requests_are_prompts_times_n(endpoint: str, body: dict, sequences: int) -> None:
+    assert parse_request(json.dumps(body).encode(), endpoint).engine_requests == sequences
+
+
+@pytest.mark.parametrize("endpoint,body", [
+    ("chat", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "kv_transfer_params": {"x": 1}}),
+    ("completion", {"model": "m", "prompt": "hi", "kv_transfer_params": {"remote_block_ids": [1, 2]}}),
+])
+def test_a_request_may_not_send_kv_transfer_params(endpoint: str, body: dict) -> None:
+    from gateway.errors import InvalidValue
+
+    with pytest.raises(InvalidValue) as caught:
+        parse_request(json.dumps(body).encode(), endpoint)
+    assert caught.value.param == "kv_transfer_params"
