@@ -223,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
                 entry["systems"][label] = summarise(got, scenario.slo, scenario.fairness_window_s)
                 if getattr(runner, "last_headroom", None) is not None:
                     entry["systems"][label]["headroom"] = runner.last_headroom
+                if getattr(runner, "last_queues", None) is not None:
+                    entry["systems"][label]["queues"] = runner.last_queues
                 if getattr(runner, "last_engine_time", None) is not None:
                     entry["systems"][label]["engine_time"] = runner.last_engine_time
                 if not without:

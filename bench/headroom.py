@@ -114,7 +114,7 @@ class CpuSampler:
                 "idle_cores_mean": round(sum(idle) / len(idle), 2), "idle_cores_min": round(min(idle), 2)}
 
 
-def _histograms(metrics_text: str, family_name: str, group_of: Callable[[dict[str, str]], str | None],
+def histograms(metrics_text: str, family_name: str, group_of: Callable[[dict[str, str]], str | None],
                 units_per_second: float = 1.0) -> dict[str, dict[float, float]]:
     """Histogram ``family_name``'s buckets summed per group (cumulative count per upper bound in seconds);
     ``group_of`` names a sample's group from its labels (None: left out)."""
@@ -135,7 +135,7 @@ def _histograms(metrics_text: str, family_name: str, group_of: Callable[[dict[st
 
 def lag_histogram(metrics_text: str) -> dict[float, float]:
     """The gateways' event-loop lag histogram (cumulative count per upper bound, summed over gateways)."""
-    return _histograms(metrics_text, "fleetgate_event_loop_lag_seconds", lambda labels: "gateways").get("gateways", {})
+    return histograms(metrics_text, "fleetgate_event_loop_lag_seconds", lambda labels: "gateways").get("gateways", {})
 
 
 def scrape_lag_histogram(base_url: str) -> dict[float, float]:
@@ -148,16 +148,22 @@ def scrape_lag_histogram(base_url: str) -> dict[float, float]:
         return {}
 
 
-def histogram_p99(before: dict[float, float], after: dict[float, float]) -> float | None:
-    """The P99 between two scrapes, as the upper bound of the bucket it falls in (None: no samples)."""
+def histogram_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float | None:
+    """The ``q`` quantile between two scrapes, as the upper bound of the bucket it falls in (None: no
+    samples)."""
     bounds = sorted(after)
     counts = [after[b] - before.get(b, 0.0) for b in bounds]
     if not counts or counts[-1] <= 0:
         return None
     for bound, count in zip(bounds, counts):
-        if count >= 0.99 * counts[-1]:
+        if count >= q * counts[-1]:
             return bound
     return bounds[-1]
+
+
+def histogram_p99(before: dict[float, float], after: dict[float, float]) -> float | None:
+    """The P99 between two scrapes, as the upper bound of the bucket it falls in (None: no samples)."""
+    return histogram_quantile(before, after, 0.99)
 
 
 def verdict(client_lag_p99_s: float | None, gateway_lag_p99_s: float | None) -> bool:
@@ -186,7 +192,7 @@ def _serve_group(labels: dict[str, str]) -> str | None:
 def serve_lag_histograms(metrics_text: str) -> dict[str, dict[float, float]]:
     """Ray Serve's event-loop lag histograms by group (cumulative count per upper bound in seconds, summed
     over the group's loops; Ray's bounds are in milliseconds)."""
-    return _histograms(metrics_text, _SERVE_LAG, _serve_group, units_per_second=1000)
+    return histograms(metrics_text, _SERVE_LAG, _serve_group, units_per_second=1000)
 
 
 def scrape_serve_lags(session_dir: Path = Path("/tmp/ray/session_latest")) -> dict[str, dict[float, float]]:

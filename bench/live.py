@@ -22,6 +22,7 @@ from pathlib import Path
 
 from bench.client import drive
 from bench.cores import ahead_of_the_host, autogroups_off, confine_processes, confine_threads, host_cores
+from bench.engine_queue import QueueSampler
 from bench.headroom import (
     CpuSampler, histogram_p99, real_engine, scrape_lag_histogram, scrape_serve_lags, serve_lag_env, serve_lag_p99s,
     serve_starved, simulated_engine, verdict,
@@ -72,6 +73,7 @@ class LiveRunner:
         self._stack = contextlib.ExitStack()
         self._base_url = ""
         self.last_headroom: dict | None = None  # the last run's host headroom (bench/headroom.py)
+        self.last_queues: dict | None = None  # where its backlog waited (bench/engine_queue.py; gateway systems)
         self._ungrouped = False  # the kernel's autogroups are off while a deployment runs (bench/cores.py)
         self._prompts = Prompts.for_model(self.model_path)
 
@@ -84,7 +86,9 @@ class LiveRunner:
         behind_gateway = self._simulated is not None or not system.startswith("baseline")
         gateway_before = _gateway_lags(self._base_url, behind_gateway)
         serve_before = scrape_serve_lags()
-        with CpuSampler(simulated_engine if self._simulated else real_engine) as cpu, ahead_of_the_host() as ahead:
+        queues = QueueSampler(self._base_url) if behind_gateway else contextlib.nullcontext()
+        with CpuSampler(simulated_engine if self._simulated else real_engine) as cpu, ahead_of_the_host() as ahead, \
+                queues:
             records = asyncio.run(drive(self._base_url, self.model_name, workload, self._prompts, _shaper(system),
                                         progress, self._max_in_flight, loop_lags=client_lags))
         client_p99 = percentile(client_lags, 99)
@@ -96,6 +100,8 @@ class LiveRunner:
                               "serve_loop_lag_p99_ms": {group: _ms(p99) for group, p99 in serve_p99s.items()},
                               "host_starved": verdict(client_p99, gateway_p99) or serve_starved(serve_p99s),
                               "client_niced": ahead, "autogroups_off": self._ungrouped}
+        # after the settle: the replicas' last vLLM metrics have reached the gateway's board by then
+        self.last_queues = queues.summary() if isinstance(queues, QueueSampler) else None
         return records
 
     def start(self, system: str) -> None:

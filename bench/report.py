@@ -53,6 +53,7 @@ def markdown(results: dict[str, Any]) -> str:
         lines += _wait_table(scenario)
         lines += _tail_table(scenario)
         lines += _headroom_table(scenario)
+        lines += _queues_table(scenario)
         lines += _engine_time_table(scenario)
         tenants = sorted({t for summary in scenario["systems"].values() for t in summary["tenants"]})
         lines += ["", "TTFT p50 / p99 (s) per tenant:", "",
@@ -95,6 +96,27 @@ def _headroom_table(scenario: dict) -> list[str]:
             "the ingress is starved):", "",
             "| system | engines | rest | idle (least) | client lag | gateway lag | Serve lag | regime |",
             "|---|---|---|---|---|---|---|---|", *rows]
+
+
+def _queues_table(scenario: dict) -> list[str]:
+    """Live runs behind the gateway: where the backlog waited, per replica (bench/engine_queue.py)."""
+    runs = {system: summary["queues"] for system, summary in scenario["systems"].items() if summary.get("queues")}
+    if not runs:
+        return []
+
+    def cell(value: float | None, unit: str = "") -> str:
+        return "–" if value is None else f"{value:g}{unit}"
+
+    rows = [f"| {system} | {replica} | {cell(r['engine_waiting_max'])} / {cell(r['engine_waiting_p99'])} | "
+            f"{cell(r['pending_over_limit_max'])} / {cell(r['pending_over_limit_p99'])} | "
+            f"{cell(q['global_depth_max'])} | ≤{cell(q['engine_queue_p50_s'], ' s')} / ≤{cell(q['engine_queue_p99_s'], ' s')} |"
+            for system, q in runs.items() for replica, r in q["replicas"].items()]
+    return ["", "Where the backlog waited (the gateway's /metrics each second): per replica its engine's waiting "
+            "requests, max / P99; what the gate counts as not started over the top band's limit, max / P99 (over 1: "
+            "closed to every band); the global queue's deepest point; vLLM's engine queue time P50 / P99 (bucket "
+            "bounds, all replicas):", "",
+            "| system | replica | engine waiting | pending / limit | global queue max | engine queue time |",
+            "|---|---|---|---|---|---|", *rows]
 
 
 def _engine_time_table(scenario: dict) -> list[str]:
