@@ -102,16 +102,16 @@ class Gateway:
     async def prometheus_metrics(self, request: Request) -> Response:
         """Prometheus exposition: every gateway's and replica's series and the global queue's gauges."""
         Access.check_scrape_key(request.headers, self._settings.metrics.scrape_key_sha256)
-        body = generate_latest(self.metrics.registry)
         if self._publisher is not None and self._board is not None:
             try:
                 await self._publisher.publish_now()
                 session = await self._admission.session()  # type: ignore[union-attr]
                 entries, snapshot = await self._board.read(), await session.queue.snapshot()
                 body = await asyncio.to_thread(render_fleet, entries, snapshot, self._settings.metrics.tenant_labels)
+                return Response(body, media_type=CONTENT_TYPE_LATEST)
             except Exception as exc:  # Redis down: this gateway's own series are still worth a scrape
                 logger.warning("fleet metrics unavailable (%s); serving this gateway's own", type(exc).__name__)
-        return Response(body, media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @api.get("/v1/models")
     async def list_models(self, request: Request) -> dict[str, Any]:

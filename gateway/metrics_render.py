@@ -6,30 +6,22 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
-from prometheus_client.parser import text_string_to_metric_families
 
 from fleet.snapshot import QueueSnapshot
+from gateway.exposition_merge import merge_expositions
 
 
 def render_fleet(entries: Iterable[tuple[dict[str, str], str]], snapshot: QueueSnapshot | None,
                  tenant_labels: bool = True) -> bytes:
-    """One Prometheus exposition: every source's families merged, plus the global queue's gauges."""
-    families: dict[str, Metric] = {}
-    for labels, text in entries:
-        for family in text_string_to_metric_families(text):
-            if family.type == "gauge" and family.name.endswith("_created"):
-                continue
-            merged = families.setdefault(family.name, Metric(family.name, family.documentation, family.type))
-            if merged.type != family.type:
-                continue
-            for sample in family.samples:
-                merged.add_sample(sample.name, {**sample.labels, **labels}, sample.value)
-    if snapshot is not None:
-        for family in queue_families(snapshot, tenant_labels):
-            families[family.name] = family
+    """One Prometheus exposition: every source's families merged, plus the global queue's gauges (which
+    replace any source's family of the same name)."""
+    queue = queue_families(snapshot, tenant_labels) if snapshot is not None else []
+    merged = merge_expositions(entries, skip=frozenset(family.name for family in queue))
+    if not queue:
+        return merged.encode()
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Families(list(families.values())))
-    return generate_latest(registry)
+    registry.register(_Families(queue))
+    return merged.encode() + generate_latest(registry)
 
 
 def _band_families(snapshot: QueueSnapshot, tenant_labels: bool) -> list[Metric]:
