@@ -173,7 +173,7 @@ async def test_redis_over_tls_with_auth(tmp_path) -> None:
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
                     "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
                    check=True, capture_output=True)
-    from tests.support.serve_launcher import free_port
+    from tests.support.ports import free_port
 
     port = free_port()
     server = subprocess.Popen([binary, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--save", "",

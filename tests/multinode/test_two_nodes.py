@@ -19,7 +19,8 @@ import pytest
 
 from tests.support.local_redis import running_redis
 from tests.conftest import REPO_ROOT, TINY_MODEL_NAME
-from tests.support.serve_launcher import free_port, serve_run
+from tests.support.ports import free_port
+from tests.support.serve_launcher import serve_run
 from tests.ledger import assert_ledger_balanced, snapshot
 
 pytestmark = pytest.mark.multinode

