@@ -26,6 +26,7 @@ from bench.metrics import percentile
 ENGINE_QUEUE_TIME = "vllm:request_queue_time_seconds"
 _WANTED = ("fleetgate_replica_engine_waiting", "fleetgate_replica_pending_tokens",
            "fleetgate_replica_gate_limit_tokens", "fleetgate_band_queue_depth")
+_KEPT_LINES = _WANTED + tuple(f"# TYPE {name} " for name in _WANTED)  # their samples and their types
 
 
 def queue_sample(metrics_text: str) -> dict[str, Any]:
@@ -34,10 +35,7 @@ def queue_sample(metrics_text: str) -> dict[str, Any]:
     from prometheus_client.parser import text_string_to_metric_families
 
     # only the families read here go through the (slow, pure Python) parser: a fleet scrape is ~100 kB
-    wanted_lines = "\n".join(line for line in metrics_text.splitlines()
-                              if line.startswith(_WANTED) or line.startswith(("# TYPE fleetgate_replica_",
-                                                                              "# TYPE fleetgate_band_queue_depth")))
-    metrics_text = wanted_lines + "\n"
+    metrics_text = "\n".join(line for line in metrics_text.splitlines() if line.startswith(_KEPT_LINES)) + "\n"
     waiting: dict[str, float] = {}
     pending: dict[str, float] = {}
     limit: dict[str, float] = {}
