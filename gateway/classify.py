@@ -39,9 +39,10 @@ class RequestClassifier:
         A batch of prompts (a completions request's list) is checked against the context prompt by prompt,
         classed by its longest prompt, and costs every prompt; ``n`` (or the beam width) multiplies the
         output each prompt may produce. A request of more engine sequences (prompts times ``n``) than
-        ``max_sequences`` is a 400, before any tokenizing."""
+        ``max_sequences`` is a 400, before any tokenizing. A prompt is counted as the engine will run it:
+        after ``truncate_prompt_tokens``."""
         self._check_sequences(parsed)
-        prompts = await self._counter.count(parsed)
+        prompts = _truncated(await self._counter.count(parsed), parsed.truncate_prompt_tokens, max_model_len)
         longest = max(prompts)
         if max_model_len and longest + (parsed.max_tokens or 1) > max_model_len:
             raise ContextLengthExceeded(
@@ -64,3 +65,19 @@ class RequestClassifier:
                 f"gateway runs at most {self._max_sequences} per request. Send fewer prompts or a smaller n.",
                 param="n" if parsed.sequences > 1 else "prompt",
             )
+
+
+def _truncated(prompts: list[int], keep: int | None, max_model_len: int) -> list[int]:
+    """Each prompt's tokens after vLLM's ``truncate_prompt_tokens`` (it keeps ``keep`` tokens of each; -1 keeps
+    what the context holds with one token left to generate), so a request that asks for truncation is
+    counted, classed and checked against the context as the engine runs it."""
+    if keep is None:
+        return prompts
+    if keep == -1:
+        if not max_model_len:
+            return prompts
+        keep = max_model_len - 1
+    elif max_model_len and keep > max_model_len:
+        raise InvalidValue(f"truncate_prompt_tokens={keep} cannot be greater than the model's context length, "
+                           f"{max_model_len} tokens.", param="truncate_prompt_tokens")
+    return [min(tokens, keep) for tokens in prompts]

@@ -36,6 +36,7 @@ class ParsedRequest:
     max_tokens: int | None
     body_chars: int
     sequences: int = 1  # output sequences per prompt: n (the beam width with beam search)
+    truncate_prompt_tokens: int | None = None  # vLLM keeps this many prompt tokens (-1: what the context holds)
 
     @property
     def engine_requests(self) -> int:
@@ -88,6 +89,7 @@ def parse_request(raw_body: bytes, endpoint: Endpoint, template_options: frozens
     return ParsedRequest(
         endpoint=endpoint, body=body, model=request.model or "", stream=bool(request.stream),
         max_tokens=max_tokens, body_chars=len(raw_body), sequences=max(1, getattr(request, "n", 1) or 1),
+        truncate_prompt_tokens=getattr(request, "truncate_prompt_tokens", None),
     )
 
 

@@ -135,6 +135,14 @@ def test_prompt_over_context_is_400(client: openai.OpenAI) -> None:
     assert caught.value.body["code"] == "context_length_exceeded"
 
 
+def test_a_prompt_over_context_that_asks_for_truncation_is_served_truncated(client: openai.OpenAI) -> None:
+    """vLLM's ``truncate_prompt_tokens`` keeps that many tokens: the gateway counts the prompt as the engine runs
+    it, so it neither refuses the request nor charges the tenant for the tokens cut."""
+    completion = client.completions.create(model=TINY_MODEL_NAME, prompt="hello world " * 3000, max_tokens=2,
+                                           extra_body={"truncate_prompt_tokens": 64})
+    assert completion.usage.prompt_tokens == 64
+
+
 def test_negative_max_tokens_is_400(base_url: str, headers: dict) -> None:
     body = {"model": TINY_MODEL_NAME, "prompt": "x", "max_tokens": -1}
     assert _error(httpx.post(f"{base_url}/v1/completions", json=body, headers=headers), 400)["param"] == "max_tokens"
