@@ -42,14 +42,16 @@ class RequestClassifier:
         ``max_sequences`` is a 400, before any tokenizing. A prompt is counted as the engine will run it:
         after ``truncate_prompt_tokens``."""
         self._check_sequences(parsed)
-        prompts = _truncated(await self._counter.count(parsed), parsed.truncate_prompt_tokens, max_model_len)
+        keep = _kept_tokens(parsed.truncate_prompt_tokens, max_model_len)
+        prompts = await self._counter.count(parsed, within=keep if keep is not None else max_model_len or None)
+        if keep is not None:
+            prompts = [min(tokens, keep) for tokens in prompts]
         longest = max(prompts)
         if max_model_len and longest + (parsed.max_tokens or 1) > max_model_len:
-            raise ContextLengthExceeded(
-                f"This model's maximum context length is {max_model_len} tokens; the prompt has {longest} "
-                f"tokens and {parsed.max_tokens or 1} more were requested.",
-                param="messages" if parsed.endpoint == "chat" else "prompt",
-            )
+            counted = (f"the prompt alone is longer than that" if longest > max_model_len else
+                       f"the prompt has {longest} tokens and {parsed.max_tokens or 1} more were requested")
+            raise ContextLengthExceeded(f"This model's maximum context length is {max_model_len} tokens; {counted}.",
+                                        param="messages" if parsed.endpoint == "chat" else "prompt")
         cost = estimate_batch_cost(prompts, parsed.max_tokens, self._default_output_tokens,
                                    max_model_len or longest + self._default_output_tokens, parsed.sequences)
         return Classification(sum(prompts), self._lengths.classify(longest), cost)
@@ -67,17 +69,14 @@ class RequestClassifier:
             )
 
 
-def _truncated(prompts: list[int], keep: int | None, max_model_len: int) -> list[int]:
-    """Each prompt's tokens after vLLM's ``truncate_prompt_tokens`` (it keeps ``keep`` tokens of each; -1 keeps
-    what the context holds with one token left to generate), so a request that asks for truncation is
-    counted, classed and checked against the context as the engine runs it."""
-    if keep is None:
-        return prompts
-    if keep == -1:
-        if not max_model_len:
-            return prompts
-        keep = max_model_len - 1
-    elif max_model_len and keep > max_model_len:
-        raise InvalidValue(f"truncate_prompt_tokens={keep} cannot be greater than the model's context length, "
-                           f"{max_model_len} tokens.", param="truncate_prompt_tokens")
-    return [min(tokens, keep) for tokens in prompts]
+def _kept_tokens(truncate_prompt_tokens: int | None, max_model_len: int) -> int | None:
+    """How many tokens of each prompt vLLM keeps under ``truncate_prompt_tokens`` (None: no truncation); -1
+    keeps what the context holds with one token left to generate. A cut over the context is a 400, as in vLLM."""
+    if truncate_prompt_tokens is None or (truncate_prompt_tokens == -1 and not max_model_len):
+        return None
+    if truncate_prompt_tokens == -1:
+        return max_model_len - 1
+    if max_model_len and truncate_prompt_tokens > max_model_len:
+        raise InvalidValue(f"truncate_prompt_tokens={truncate_prompt_tokens} cannot be greater than the model's "
+                           f"context length, {max_model_len} tokens.", param="truncate_prompt_tokens")
+    return truncate_prompt_tokens

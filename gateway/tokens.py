@@ -2,6 +2,10 @@
 
 Counted once, at the gateway, and passed on: the cost estimate, the length class and the context check all
 use this number. Long prompts are tokenized in a worker thread so the event loop keeps serving.
+
+Counting is bounded the way vLLM bounds its own tokenizing: a text longer than ``within`` tokens could
+possibly hold (the longest token of the vocabulary, in characters, times ``within``) is not tokenized at all,
+so a client's megabytes of prompt cost the gateway a length check, not seconds of CPU.
 """
 
 from __future__ import annotations
@@ -22,42 +26,49 @@ class PromptTokenCounter:
         from transformers import AutoTokenizer
 
         self._tokenizer = AutoTokenizer.from_pretrained(model_path)
+        # no token covers more characters of text than its own string has (vLLM's max_chars_per_token)
+        self._max_chars_per_token = max((len(token) for token in self._tokenizer.get_vocab()), default=1)
 
-    async def count(self, parsed: ParsedRequest) -> list[int]:
+    async def count(self, parsed: ParsedRequest, within: int | None = None) -> list[int]:
         """Tokens of each prompt of ``parsed`` (one for a chat; a completion may send a batch), off the event
-        loop when the body is long."""
+        loop when the body is long. A prompt whose text cannot fit in ``within`` tokens counts ``within + 1``,
+        untokenized."""
         if parsed.body_chars > OFF_LOOP_ABOVE_CHARS:
-            return await asyncio.to_thread(self.count_now, parsed)
-        return self.count_now(parsed)
+            return await asyncio.to_thread(self.count_now, parsed, within)
+        return self.count_now(parsed, within)
 
-    def count_now(self, parsed: ParsedRequest) -> list[int]:
-        """Tokens of each prompt of ``parsed``, on the calling thread."""
+    def count_now(self, parsed: ParsedRequest, within: int | None = None) -> list[int]:
+        """Tokens of each prompt of ``parsed``, on the calling thread (``within`` as in :meth:`count`)."""
         if parsed.endpoint == "chat":
-            return [self._chat_tokens(parsed.body)]
-        return [self._completion_tokens(prompt) for prompt in prompts_of(parsed)]
+            return [self._chat_tokens(parsed.body, within)]
+        return [self._completion_tokens(prompt, within) for prompt in prompts_of(parsed)]
 
-    def _chat_tokens(self, body: dict[str, Any]) -> int:
+    def _text_tokens(self, text: str, within: int | None, add_special_tokens: bool = True) -> int:
+        if within is not None and len(text) > within * self._max_chars_per_token:
+            return within + 1
+        return len(self._tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
+
+    def _chat_tokens(self, body: dict[str, Any], within: int | None) -> int:
         # what vLLM renders: the messages with the tools and documents the template reads, and the allowed
         # options (request parsing refused any other); the keyword arguments that steer the rendering itself
-        # are the gateway's, set after the client's so no option can replace them
-        options = {**(body.get("chat_template_kwargs") or {}), "tokenize": True,
+        # are the gateway's, set after the client's so no option can replace them. Rendered to text, then
+        # tokenized without special tokens, as both transformers and vLLM do.
+        options = {**(body.get("chat_template_kwargs") or {}), "tokenize": False,
                    "add_generation_prompt": body.get("add_generation_prompt", True),
                    "continue_final_message": body.get("continue_final_message", False)}
         try:
-            ids = self._tokenizer.apply_chat_template(
+            text = self._tokenizer.apply_chat_template(
                 body["messages"], tools=body.get("tools"), documents=body.get("documents"), **options)
+            return self._text_tokens(text, within, add_special_tokens=False)
         except Exception as exc:  # the model's template refuses these messages (roles, order, content)
             raise InvalidValue(f"messages: the model's chat template cannot render them ({type(exc).__name__}: "
                                f"{str(exc)[:200]}).", param="messages") from None
-        if hasattr(ids, "keys"):  # a BatchEncoding
-            ids = ids["input_ids"]
-        return len(ids)
 
-    def _completion_tokens(self, prompt: Any) -> int:
+    def _completion_tokens(self, prompt: Any, within: int | None) -> int:
         if isinstance(prompt, str):
-            return len(self._tokenizer(prompt).input_ids)
+            return self._text_tokens(prompt, within)
         if isinstance(prompt, list) and prompt and all(isinstance(token, int) for token in prompt):
             return len(prompt)
         if isinstance(prompt, list):  # a batch of prompts: the request costs all of them
-            return sum(self._completion_tokens(item) for item in prompt)
+            return sum(self._completion_tokens(item, within) for item in prompt)
         return 0
