@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fleet.config import QueueConfig
+from gateway.request_parsing import ENGINE_XARGS
 from replicas.cpu_binding import CpuBinding
 from replicas.engine_settings import EngineSettings
 
@@ -31,6 +32,19 @@ class ModelSource(BaseModel):
         "own chat template reads, e.g. enable_thinking), each to a plain value. The template is the operator's: "
         "a request's own `chat_template`, or any other option, is a 400.",
     )
+    extension_args: list[str] = Field(
+        default_factory=list, description="Keys of `vllm_xargs` a request may set: arguments the engine's custom "
+        "extensions read (e.g. a logits processor's). Any other key is a 400, and so is one vLLM itself reads "
+        "(kv_transfer_params, ec_transfer_params, kv_cache_report_mode), which may not be listed.",
+    )
+
+    @field_validator("extension_args")
+    @classmethod
+    def _no_engine_args(cls, keys: list[str]) -> list[str]:
+        reserved = sorted(set(keys) & ENGINE_XARGS)
+        if reserved:
+            raise ValueError(f"{', '.join(reserved)}: vLLM itself reads these; a request may never set them")
+        return keys
     simulated: Literal["cpu-tiny", "gpu-h100-llama3-8b"] | None = Field(
         None, description="Replace vLLM by the simulated engine with this cost model (replicas/sim_engine.py: "
         "cpu-tiny, gpu-h100-llama3-8b); the model's tokenizer is still used. For benchmarks at fleet scale.")

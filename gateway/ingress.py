@@ -30,7 +30,7 @@ from gateway.metrics_render import render_fleet
 from gateway.model_listing import model_entry, visible_listing
 from gateway.openapi import gateway_openapi
 from gateway.pools import Pools
-from gateway.request_parsing import preload_protocol_models
+from gateway.request_parsing import ClientOptions, preload_protocol_models
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,8 @@ class Gateway:
             served_model_name=settings.model.name, max_body_bytes=settings.gateway.max_body_bytes,
             queue=settings.queue, access=self._access, classifier=classifier,
             admission=self._admission, pools=self._pools, metrics=self.metrics,
-            template_options=frozenset(settings.model.chat_template_options),
+            client_options=ClientOptions(frozenset(settings.model.chat_template_options),
+                                         frozenset(settings.model.extension_args)),
         )
         self._board: MetricsBoard | None = None
         self._publisher: MetricsPublisher | None = None

@@ -6,8 +6,10 @@ on any replica; the replica validates again with the same models, so both ends a
 The chat template is the operator's: a request may not send its own (`chat_template`: Jinja, code that
 would run at the gateway and the replica), and may set only the template options the operator allows
 (`chat_template_kwargs`), each to a plain value, so no client changes how its prompt is rendered or
-counted beyond what the model's template offers. Nor may it send ``kv_transfer_params``, which in
-disaggregated serving names KV blocks on another engine.
+counted beyond what the model's template offers. Nor may it send ``kv_transfer_params`` or
+``ec_transfer_params``, which in disaggregated serving name KV (or encoder) caches on another engine, and of
+``vllm_xargs`` (arguments for the engine's custom extensions) it may set only the keys the operator allows,
+never one vLLM itself reads (those same transfer handles, the KV cache report mode).
 """
 
 from __future__ import annotations
@@ -23,6 +25,20 @@ from starlette.requests import Request
 from gateway.errors import InvalidJSON, InvalidRequest, InvalidValue, PayloadTooLarge
 
 Endpoint = Literal["chat", "completion"]
+
+# fields the serving system sets between disaggregated engines (handles on another engine's caches)
+SYSTEM_FIELDS = ("kv_transfer_params", "ec_transfer_params")
+# keys of vllm_xargs that vLLM itself reads (vllm/v1/request.py), whatever the operator allows
+ENGINE_XARGS = frozenset({*SYSTEM_FIELDS, "kv_cache_report_mode"})
+
+
+@dataclass(frozen=True)
+class ClientOptions:
+    """What the operator lets a request set beyond the OpenAI fields: ``chat_template_kwargs`` keys (options
+    the model's template reads) and ``vllm_xargs`` keys (arguments its engine's custom extensions read)."""
+
+    template_options: frozenset[str] = frozenset()
+    extension_args: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -55,10 +71,10 @@ def prompts_of(parsed: ParsedRequest) -> list[Any]:
     return [prompt]
 
 
-def parse_request(raw_body: bytes, endpoint: Endpoint, template_options: frozenset[str] = frozenset()) -> ParsedRequest:
+def parse_request(raw_body: bytes, endpoint: Endpoint, options: ClientOptions = ClientOptions()) -> ParsedRequest:
     """Parse and validate ``raw_body`` for ``endpoint``; raise InvalidJSON, InvalidRequest or InvalidValue.
 
-    ``template_options``: the ``chat_template_kwargs`` keys a chat request may set."""
+    ``options``: what beyond the OpenAI fields the operator lets a request set."""
     try:
         body = json.loads(raw_body, parse_constant=_no_constant, parse_float=_finite_float)
     except RecursionError:
@@ -78,13 +94,14 @@ def parse_request(raw_body: bytes, endpoint: Endpoint, template_options: frozens
         parameter = getattr(exc, "parameter", None)
         message = str(exc.args[0]) if exc.args else "invalid request"
         raise InvalidValue(message, param=parameter) from None
-    if body.get("kv_transfer_params") is not None:
-        # disaggregated serving's handle on KV blocks held by another engine: set by the serving system
-        # between its prefill and decode engines, never by a client (one could name another request's blocks)
-        raise InvalidValue("kv_transfer_params: set by the serving system, not by a request.",
-                           param="kv_transfer_params")
+    for name in SYSTEM_FIELDS:
+        if body.get(name) is not None:
+            # disaggregated serving's handle on caches held by another engine: set by the serving system
+            # between its engines, never by a client (one could name another request's blocks)
+            raise InvalidValue(f"{name}: set by the serving system, not by a request.", param=name)
+    _check_extension_args(body.get("vllm_xargs"), options.extension_args)
     if endpoint == "chat":
-        _check_chat(body, template_options)
+        _check_chat(body, options.template_options)
     max_tokens = getattr(request, "max_completion_tokens", None) or getattr(request, "max_tokens", None)
     return ParsedRequest(
         endpoint=endpoint, body=body, model=request.model or "", stream=bool(request.stream),
@@ -102,6 +119,14 @@ def _finite_float(text: str) -> float:
     if value in (float("inf"), float("-inf")):
         raise ValueError(f"{text[:20]} is out of range")
     return value
+
+
+def _check_extension_args(xargs: dict[str, Any] | None, allowed: frozenset[str]) -> None:
+    for key in xargs or {}:
+        if key in ENGINE_XARGS or key not in allowed:
+            names = ", ".join(sorted(allowed - ENGINE_XARGS)) or "none"
+            raise InvalidValue(f"vllm_xargs: {key!r} is not an argument this gateway allows (allowed: {names}).",
+                               param="vllm_xargs")
 
 
 def _check_chat(body: dict[str, Any], template_options: frozenset[str]) -> None:
@@ -126,13 +151,12 @@ def _check_chat(body: dict[str, Any], template_options: frozenset[str]) -> None:
 OFF_LOOP_ABOVE_BYTES = 64 << 10  # parsing and validating a body this large takes milliseconds
 
 
-async def parse_off_loop(raw_body: bytes, endpoint: Endpoint,
-                         template_options: frozenset[str] = frozenset()) -> ParsedRequest:
+async def parse_off_loop(raw_body: bytes, endpoint: Endpoint, options: ClientOptions = ClientOptions()) -> ParsedRequest:
     """:func:`parse_request`, in a worker thread for a large body, so the gateway's event loop (every other
     request, /health) never waits on one client's megabytes of JSON."""
     if len(raw_body) > OFF_LOOP_ABOVE_BYTES:
-        return await asyncio.to_thread(parse_request, raw_body, endpoint, template_options)
-    return parse_request(raw_body, endpoint, template_options)
+        return await asyncio.to_thread(parse_request, raw_body, endpoint, options)
+    return parse_request(raw_body, endpoint, options)
 
 
 async def read_body(request: Request, limit: int) -> bytes:

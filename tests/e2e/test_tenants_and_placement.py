@@ -156,10 +156,12 @@ def test_beam_search_only_in_the_top_band(base_url: str, api_keys: dict) -> None
     assert allowed.status_code == 200, allowed.text
 
 
-def test_a_request_cannot_bring_its_own_template_or_options(base_url: str, api_keys: dict) -> None:
+def test_a_request_cannot_bring_its_own_template_options_or_engine_handles(base_url: str, api_keys: dict) -> None:
     messages = [{"role": "user", "content": "hi"}]
     for extra, param in (({"chat_template": "{% for i in range(99999999) %}x{% endfor %}"}, "chat_template"),
                          ({"chat_template_kwargs": {"tokenize": False}}, "chat_template_kwargs"),
+                         ({"vllm_xargs": {"kv_transfer_params": "x"}}, "vllm_xargs"),
+                         ({"ec_transfer_params": {"x": 1}}, "ec_transfer_params"),
                          ({"messages": []}, "messages")):
         response = httpx.post(f"{base_url}/v1/chat/completions", headers=auth(api_keys["calm"]), timeout=30,
                               json={"model": TINY_MODEL_NAME, "max_tokens": 2, "messages": messages, **extra})
