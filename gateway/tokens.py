@@ -41,7 +41,8 @@ class PromptTokenCounter:
         """Tokens of each prompt of ``parsed``, on the calling thread (``within`` as in :meth:`count`)."""
         if parsed.endpoint == "chat":
             return [self._chat_tokens(parsed.body, within)]
-        return [self._completion_tokens(prompt, within) for prompt in prompts_of(parsed)]
+        special = bool(parsed.body.get("add_special_tokens", True))
+        return [self._completion_tokens(prompt, within, special) for prompt in prompts_of(parsed)]
 
     def _text_tokens(self, text: str, within: int | None, add_special_tokens: bool = True) -> int:
         if within is not None and len(text) > within * self._max_chars_per_token:
@@ -52,23 +53,23 @@ class PromptTokenCounter:
         # what vLLM renders: the messages with the tools and documents the template reads, and the allowed
         # options (request parsing refused any other); the keyword arguments that steer the rendering itself
         # are the gateway's, set after the client's so no option can replace them. Rendered to text, then
-        # tokenized without special tokens, as both transformers and vLLM do.
+        # tokenized without special tokens unless the request asks for them, as vLLM does.
         options = {**(body.get("chat_template_kwargs") or {}), "tokenize": False,
                    "add_generation_prompt": body.get("add_generation_prompt", True),
                    "continue_final_message": body.get("continue_final_message", False)}
         try:
             text = self._tokenizer.apply_chat_template(
                 body["messages"], tools=body.get("tools"), documents=body.get("documents"), **options)
-            return self._text_tokens(text, within, add_special_tokens=False)
+            return self._text_tokens(text, within, bool(body.get("add_special_tokens", False)))
         except Exception as exc:  # the model's template refuses these messages (roles, order, content)
             raise InvalidValue(f"messages: the model's chat template cannot render them ({type(exc).__name__}: "
                                f"{str(exc)[:200]}).", param="messages") from None
 
-    def _completion_tokens(self, prompt: Any, within: int | None) -> int:
+    def _completion_tokens(self, prompt: Any, within: int | None, special: bool = True) -> int:
         if isinstance(prompt, str):
-            return self._text_tokens(prompt, within)
+            return self._text_tokens(prompt, within, special)
         if isinstance(prompt, list) and prompt and all(isinstance(token, int) for token in prompt):
             return len(prompt)
         if isinstance(prompt, list):  # a batch of prompts: the request costs all of them
-            return sum(self._completion_tokens(item, within) for item in prompt)
+            return sum(self._completion_tokens(item, within, special) for item in prompt)
         return 0

@@ -85,3 +85,26 @@ def test_a_text_near_the_bound_is_still_counted_exactly(counter: PromptTokenCoun
     assert _count(counter, {"model": "m", "prompt": near}, "completion", within=4096) == [_exact(counter, near)]
     huge = "word " * 200_000
     assert _count(counter, {"model": "m", "prompt": huge}, "completion") == [_exact(counter, huge)]
+
+
+def test_a_request_that_asks_for_special_tokens_or_none_is_counted_so(counter: PromptTokenCounter) -> None:
+    # vLLM adds the tokenizer's special tokens to a completion's prompt and not to a rendered chat, unless the
+    # request's add_special_tokens says otherwise
+    calls: list[bool] = []
+    real = counter._tokenizer
+
+    class _Recording(_SpyTokenizer):
+        def __call__(self, text: str, **options: Any) -> Any:
+            calls.append(options["add_special_tokens"])
+            return real(text, **options)
+
+    counter._tokenizer = _Recording(real)
+    try:
+        chat = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
+        for body, endpoint in (({"model": "m", "prompt": "hi"}, "completion"),
+                               ({"model": "m", "prompt": "hi", "add_special_tokens": False}, "completion"),
+                               (chat, "chat"), ({**chat, "add_special_tokens": True}, "chat")):
+            _count(counter, body, endpoint)
+    finally:
+        counter._tokenizer = real
+    assert calls == [True, False, False, True]
