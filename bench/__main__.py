@@ -26,7 +26,7 @@ from bench.host_calibration import host_cost_model
 from bench.metrics import RequestRecord, summarise, write_records
 from bench.sweep import LIVE_PROFILES
 from bench.systems import SYSTEMS, systems_for
-from bench.workload import PlannedRequest, Scenario, generate
+from bench.workload import PlannedRequest, Scenario, busiest_rate, generate
 
 SCENARIOS = Path(__file__).parent / "scenarios"
 REFERENCE_SYSTEMS = ("baseline", "gateway")
@@ -219,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
                 got = runner.run(system, scenario, workload, bar.update)
                 entry = results["scenarios"].setdefault(scenario.name, {
                     "description": scenario.description, "requests": len(workloads[scenario.name]),
-                    "duration_s": scenario.duration_s * duration_scale, **offered[scenario.name], "systems": {}})
+                    "duration_s": scenario.duration_s * duration_scale, **offered[scenario.name],
+                    "busiest_rps": busiest_rate(workloads[scenario.name]), "systems": {}})
                 entry["systems"][label] = summarise(got, scenario.slo, scenario.fairness_window_s)
                 if getattr(runner, "last_headroom", None) is not None:
                     entry["systems"][label]["headroom"] = runner.last_headroom

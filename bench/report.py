@@ -90,12 +90,20 @@ def _headroom_table(scenario: dict) -> list[str]:
             + f" | {serve_lags(h)}"
             + (" | **host-starved: no conclusion** |" if h.get("host_starved") else " | engine-bound or idle |")
             for system, h in runs.items()]
+    starved = [system for system, h in runs.items() if h.get("host_starved")]
+    why = [] if not starved or not scenario.get("busiest_rps") else [
+        "", f"Starved: {', '.join(starved)}. The busiest second of this scenario sent {scenario['busiest_rps']:g} "
+        f"requests, {scenario['busiest_rps'] * scenario['duration_s'] / max(scenario['requests'], 1):.1f}x its "
+        "average rate" + (f" and {scenario['busiest_rps'] / scenario['capacity_rps']:.1f}x the engines' calibrated "
+                          "capacity" if scenario.get("capacity_rps") else "")
+        + "; everything that is not an engine (Serve's proxy, the gateways, Redis, the load client) shares the "
+        "cores the engines do not use, and its event loops lagged past the threshold while it took that in."]
     return ["", "Host headroom (cores used by the engines / by everything else / least idle; loop-lag P99, ms, of "
             "the load client and of the gateways (fleetgate's own histogram), over 20 ms is starved; Ray Serve's own "
             "loop-lag P99 bucket for every system, proxy / ingress / engine front ends, over 25 ms in the proxy or "
             "the ingress is starved):", "",
             "| system | engines | rest | idle (least) | client lag | gateway lag | Serve lag | regime |",
-            "|---|---|---|---|---|---|---|---|", *rows]
+            "|---|---|---|---|---|---|---|---|", *rows, *why]
 
 
 def _queues_table(scenario: dict) -> list[str]:

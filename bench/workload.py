@@ -204,3 +204,15 @@ def _prefixes(scenario: str, tenant: TenantLoad, rng: random.Random, context: in
         return []
     spec = tenant.shared_prefix
     return [(f"{scenario}-{tenant.id}-prefix-{group}", spec.tokens.draw(rng, context)) for group in range(spec.groups)]
+
+
+def busiest_rate(workload: list[PlannedRequest], window_s: float = 1.0) -> float:
+    """The most requests sent in any ``window_s`` of ``workload``, per second: what the host side (proxy,
+    gateways, load client) must take in at the scenario's peak, against its average."""
+    sends = sorted(request.send_s for request in workload)
+    most, start = 0, 0
+    for end, sent in enumerate(sends):
+        while sent - sends[start] >= window_s:
+            start += 1
+        most = max(most, end - start + 1)
+    return most / window_s

@@ -16,3 +16,22 @@ def test_a_starved_run_is_marked_and_a_healthy_one_is_not() -> None:
     assert "starved" not in baseline and "| 1.8 | 0.15 | 0 | 3 | 10 | ≤10 / ≤25 / ≤50 |" in baseline
     assert "host-starved: no conclusion" in gateway
     assert _headroom_table({"systems": {"gateway": {}}}) == []  # the simulator records no headroom
+
+
+def test_a_starved_run_is_explained_by_the_scenarios_busiest_second() -> None:
+    from bench.workload import PlannedRequest, busiest_rate
+
+    def sent(at: float) -> PlannedRequest:
+        return PlannedRequest(request_id=f"r{at}", tenant="t", weight=1.0, band="b", send_s=at, prompt_tokens=1,
+                              output_tokens=1)
+
+    workload = [sent(t / 10) for t in range(10)] + [sent(5 + t / 40) for t in range(30)] + [sent(9.5)]
+    assert busiest_rate(workload) == 30  # 30 in [5, 5.75], against 41 over 10 s
+    assert busiest_rate([]) == 0
+    starved = {"engine_cores": 1.0, "host_starved": True}
+    scenario = {"systems": {"gateway": {"headroom": starved}}, "busiest_rps": 30.0, "duration_s": 10.0,
+                "requests": 41, "capacity_rps": 10.0}
+    why = _headroom_table(scenario)[-1]
+    assert why.startswith("Starved: gateway.") and "sent 30 requests, 7.3x its average rate and 3.0x" in why
+    healthy = {**scenario, "systems": {"gateway": {"headroom": {**starved, "host_starved": False}}}}
+    assert not _headroom_table(healthy)[-1].startswith("Starved")
