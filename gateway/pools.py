@@ -18,6 +18,8 @@ class Pools:
         if not handles:
             raise ValueError("the gateway needs at least one replica pool")
         self._handles = handles
+        # a streaming handle per pool, made once: `options()` builds a new handle object each time it is called
+        self._streams = {pool: handle.options(stream=True) for pool, handle in handles.items()}
         self._default = next(iter(handles))
         self._listing: dict[str, Any] | None = None
 
@@ -28,7 +30,7 @@ class Pools:
 
         A pool this gateway does not know (config drift) reaches the default pool, which answers misrouted.
         """
-        handle = (self._handles.get(pool) or self._handles[self._default]).options(stream=True)
+        handle = self._streams.get(pool) or self._streams[self._default]
         grant = {GRANT_KWARG: replica_id, "ticket_id": ticket_id} if replica_id is not None else {}
         return handle.generate.remote(parsed.endpoint, parsed.body, prompt_tokens=prompt_tokens, **grant)
 
