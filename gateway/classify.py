@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from fleet.config import QueueConfig
 from gateway.errors import ContextLengthExceeded, InvalidValue
+from gateway.output_bound import OutputBound
 from gateway.request_parsing import ParsedRequest
 from gateway.tokens import PromptTokenCounter
 from policies.classification import estimate_batch_cost
@@ -32,6 +33,7 @@ class RequestClassifier:
         self._max_sequences = max_sequences
         self._lengths = config.length_class_policy()
         self._default_output_tokens = config.default_output_tokens
+        self._output = OutputBound(model_path, self._counter.tokenizer, config.default_output_tokens)
 
     async def classify(self, parsed: ParsedRequest, max_model_len: int) -> Classification:
         """Count and classify ``parsed``; a prompt that cannot fit the context is a 400.
@@ -48,11 +50,12 @@ class RequestClassifier:
             prompts = [min(tokens, keep) for tokens in prompts]
         longest = max(prompts)
         if max_model_len and longest + (parsed.max_tokens or 1) > max_model_len:
-            counted = (f"the prompt alone is longer than that" if longest > max_model_len else
+            counted = ("the prompt alone is longer than that" if longest > max_model_len else
                        f"the prompt has {longest} tokens and {parsed.max_tokens or 1} more were requested")
             raise ContextLengthExceeded(f"This model's maximum context length is {max_model_len} tokens; {counted}.",
                                         param="messages" if parsed.endpoint == "chat" else "prompt")
-        cost = estimate_batch_cost(prompts, parsed.max_tokens, self._default_output_tokens,
+        output = self._output.expected(parsed.body, parsed.max_tokens)  # what the request may force
+        cost = estimate_batch_cost(prompts, output, self._default_output_tokens,
                                    max_model_len or longest + self._default_output_tokens, parsed.sequences)
         return Classification(sum(prompts), self._lengths.classify(longest), cost)
 

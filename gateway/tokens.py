@@ -29,6 +29,11 @@ class PromptTokenCounter:
         # no token covers more characters of text than its own string has (vLLM's max_chars_per_token)
         self._max_chars_per_token = max((len(token) for token in self._tokenizer.get_vocab()), default=1)
 
+    @property
+    def tokenizer(self) -> Any:
+        """The model's tokenizer."""
+        return self._tokenizer
+
     async def count(self, parsed: ParsedRequest, within: int | None = None) -> list[int]:
         """Tokens of each prompt of ``parsed`` (one for a chat; a completion may send a batch), off the event
         loop when the body is long. A prompt whose text cannot fit in ``within`` tokens counts ``within + 1``,
