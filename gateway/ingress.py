@@ -82,7 +82,8 @@ class Gateway:
             queue=settings.queue, access=self._access, classifier=classifier,
             admission=self._admission, pools=self._pools, metrics=self.metrics,
             client_options=ClientOptions(frozenset(settings.model.chat_template_options),
-                                         frozenset(settings.model.extension_args)),
+                                         frozenset(settings.model.extension_args),
+                                         settings.gateway.max_structured_output_bytes),
         )
         self._board: MetricsBoard | None = None
         self._publisher: MetricsPublisher | None = None

@@ -39,6 +39,7 @@ class ClientOptions:
 
     template_options: frozenset[str] = frozenset()
     extension_args: frozenset[str] = frozenset()
+    structured_output_bytes: int = 0  # the largest structured-output spec, as JSON (0: no limit)
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,8 @@ def parse_request(raw_body: bytes, endpoint: Endpoint, options: ClientOptions = 
             # between its engines, never by a client (one could name another request's blocks)
             raise InvalidValue(f"{name}: set by the serving system, not by a request.", param=name)
     _check_extension_args(body.get("vllm_xargs"), options.extension_args)
+    if options.structured_output_bytes:
+        _check_structured_output_size(body, options.structured_output_bytes)
     if endpoint == "chat":
         _check_chat(body, options.template_options)
     max_tokens = getattr(request, "max_completion_tokens", None) or getattr(request, "max_tokens", None)
@@ -127,6 +130,18 @@ def _check_extension_args(xargs: dict[str, Any] | None, allowed: frozenset[str])
             names = ", ".join(sorted(allowed - ENGINE_XARGS)) or "none"
             raise InvalidValue(f"vllm_xargs: {key!r} is not an argument this gateway allows (allowed: {names}).",
                                param="vllm_xargs")
+
+
+def _check_structured_output_size(body: dict[str, Any], limit: int) -> None:
+    # a structured output is compiled to a grammar on the replica and its engine, beside that engine's streams
+    forced_tool = body.get("tool_choice") == "required" or isinstance(body.get("tool_choice"), dict)
+    for field in ("response_format", "structured_outputs", *(("tools",) if forced_tool else ())):
+        if body.get(field) is None:
+            continue
+        size = len(json.dumps(body[field], separators=(",", ":")))
+        if size > limit:
+            raise InvalidValue(f"{field}: its structured-output spec is {size} bytes; this gateway compiles at most "
+                               f"{limit} (gateway.max_structured_output_bytes).", param=field)
 
 
 def _check_chat(body: dict[str, Any], template_options: frozenset[str]) -> None:

@@ -155,3 +155,37 @@ def test_an_allowed_extension_arg_passes_and_the_config_refuses_engine_keys() ->
     assert parsed.body["vllm_xargs"] == {"ngram_size": 3}
     with pytest.raises(ValidationError, match="kv_transfer_params"):
         ModelSource(name="m", path="p", extension_args=["ngram_size", "kv_transfer_params"])
+
+
+def _nested_schema(width: int, depth: int) -> dict:
+    schema: dict = {"type": "string"}
+    for level in range(depth):
+        schema = {"type": "object", "properties": {f"k{level}_{i}": schema for i in range(width)}}
+    return schema
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": _nested_schema(20, 3)}}},
+     "response_format"),
+    ({"structured_outputs": {"json": _nested_schema(20, 3)}}, "structured_outputs"),
+    ({"structured_outputs": {"regex": "a|" * 20_000}}, "structured_outputs"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": _nested_schema(20, 3)}}],
+      "tool_choice": "required"}, "tools"),
+], ids=["json_schema", "structured_json", "regex", "forced_tool"])
+def test_a_structured_output_spec_over_the_limit_is_400(fields: dict, param: str) -> None:
+    """The spec is compiled to a grammar on the replica and its engine while that engine's streams wait."""
+    from gateway.errors import InvalidValue
+
+    limited = ClientOptions(structured_output_bytes=32 << 10)
+    with pytest.raises(InvalidValue) as caught:
+        parse_request(_chat(**fields), "chat", limited)
+    assert caught.value.status == 400 and caught.value.param == param
+    assert parse_request(_chat(**fields), "chat", ClientOptions()).body  # 0: no limit
+
+
+def test_a_small_spec_and_tools_the_model_may_ignore_pass() -> None:
+    limited = ClientOptions(structured_output_bytes=32 << 10)
+    small = {"type": "json_schema", "json_schema": {"name": "x", "schema": _nested_schema(8, 2)}}
+    assert parse_request(_chat(response_format=small), "chat", limited).body["response_format"] == small
+    tools = [{"type": "function", "function": {"name": "f", "parameters": _nested_schema(20, 3)}}]
+    assert parse_request(_chat(tools=tools, tool_choice="auto"), "chat", limited).body["tools"] == tools
