@@ -89,6 +89,22 @@ def test_more_sequences_than_one_engine_runs_is_400(base_url: str, api_keys: dic
     assert httpx.post(f"{base_url}/v1/completions", json=within, headers=headers, timeout=60).status_code == 200
 
 
+def test_a_structured_output_spec_over_the_limit_is_400(base_url: str, api_keys: dict) -> None:
+    """The spec is compiled to a grammar beside the engine's streams, so its size is bounded (32 KiB by default);
+    a small one is served."""
+    properties = {f"field_{i}": {"type": "string", "description": "x" * 40} for i in range(600)}
+    big = {"type": "json_schema", "json_schema": {"name": "big", "schema": {"type": "object", "properties": properties}}}
+    body = {"model": TINY_MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+            "response_format": big}
+    headers = auth(api_keys["calm"])
+    response = httpx.post(f"{base_url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+    assert _error(response, 400, "invalid_value")["param"] == "response_format"
+    small = {"type": "json_schema", "json_schema": {"name": "small", "schema": {"type": "object"}}}
+    response = httpx.post(f"{base_url}/v1/chat/completions", json={**body, "response_format": small},
+                          headers=headers, timeout=60)
+    assert response.status_code == 200, response.text[:300]
+
+
 def test_unknown_fields_are_ignored_as_vllm_does(base_url: str, api_keys: dict) -> None:
     body = {"model": TINY_MODEL_NAME, "prompt": "x", "max_tokens": 1, "no_such_option": {"a": 1}}
     assert httpx.post(f"{base_url}/v1/completions", json=body, headers=auth(api_keys["calm"]),
