@@ -90,7 +90,7 @@ def parse_request(raw_body: bytes, endpoint: Endpoint, options: ClientOptions = 
     try:
         request = model_class.model_validate(body)
     except ValidationError as exc:
-        raise _invalid_request(exc) from None
+        raise _invalid_request(exc, body) from None
     except VLLMClientError as exc:  # vLLM's own validators raise these past pydantic; vLLM answers 400
         parameter = getattr(exc, "parameter", None)
         message = str(exc.args[0]) if exc.args else "invalid request"
@@ -207,9 +207,24 @@ def _request_model(endpoint: Endpoint) -> type:
     return CompletionRequest
 
 
-def _invalid_request(exc: ValidationError) -> InvalidRequest:
-    first = exc.errors(include_url=False, include_input=False)[0]
-    param = ".".join(str(part) for part in first.get("loc", ())) or None
+# errors that say only "the input is not of this union member's type": the least telling when others exist
+_MISMATCH_TYPES = ("literal_error", "union_tag_invalid", "union_tag_not_found", "model_type", "dataclass_type")
+
+
+def _invalid_request(exc: ValidationError, body: dict[str, Any]) -> InvalidRequest:
+    """A 422 naming the most telling error at its path in the body as sent (without pydantic's union member
+    names). A union (a message's roles, ``stop``'s string or list) reports one error per member it tried: the
+    path most members agree on is the one at fault, and there a limit on the value beats "not this type"."""
+    errors = exc.errors(include_url=False, include_input=False)
+    paths = [_body_path(error.get("loc", ()), body)[0] for error in errors]
+    agree = {path: paths.count(path) for path in paths}
+
+    def rank(index: int) -> tuple[int, bool]:
+        kind = errors[index].get("type", "")
+        return -agree[paths[index]], kind.endswith("_type") or kind in _MISMATCH_TYPES
+
+    chosen = min(range(len(errors)), key=rank)  # the first of the best rank: errors come in the schema's order
+    first, param = errors[chosen], paths[chosen] or None
     message = first.get("msg", "invalid request")
     if param:
         message = f"{param}: {message}"
@@ -217,3 +232,26 @@ def _invalid_request(exc: ValidationError) -> InvalidRequest:
     if extra:
         message += f" (and {extra} more error{'s' if extra > 1 else ''})"
     return InvalidRequest(message, param=param)
+
+
+_TYPE_NAMES = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "bytes"})
+
+
+def _body_path(loc: tuple, body: Any) -> tuple[str, bool]:
+    """``loc`` as a path in ``body`` (the keys and indexes it has, without the union members pydantic names:
+    ``str``, ``list[str]``, a class name), and whether the body holds a value there (not: a required field it
+    lacks, which ends the path)."""
+    parts: list[str] = []
+    node = body
+    for part in loc:
+        if isinstance(node, dict) and isinstance(part, str) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        elif isinstance(node, dict) and isinstance(part, str) and part.isidentifier() and part.islower() \
+                and part not in _TYPE_NAMES:
+            return ".".join([*parts, part]), False
+        else:
+            continue  # a union member's name
+        parts.append(str(part))
+    return ".".join(parts), True

@@ -189,3 +189,20 @@ def test_a_small_spec_and_tools_the_model_may_ignore_pass() -> None:
     assert parse_request(_chat(response_format=small), "chat", limited).body["response_format"] == small
     tools = [{"type": "function", "function": {"name": "f", "parameters": _nested_schema(20, 3)}}]
     assert parse_request(_chat(tools=tools, tool_choice="auto"), "chat", limited).body["tools"] == tools
+
+
+@pytest.mark.parametrize("fields, param, says", [
+    ({"stop": ["ab"] * 2000}, "stop", "at most"),  # the list's limit, not "should be a valid string"
+    ({"messages": [{"role": "user", "content": None}]}, "messages.0.content", "valid string"),
+    ({"messages": [{"content": "x"}]}, "messages.0.role", "Field required"),
+    ({"max_tokens": 5.5}, "max_tokens", "valid integer"),
+], ids=["list-limit", "content-type", "missing-role", "plain"])
+def test_a_422_names_the_field_at_fault_as_the_body_has_it(fields: dict, param: str, says: str) -> None:
+    """vLLM's unions (a message's roles, ``stop``) report an error per member tried, at paths that name the
+    members (``messages.0.ChatCompletionDeveloperMessageParam.content.str``); the client gets its own path."""
+    from gateway.errors import InvalidRequest
+
+    with pytest.raises(InvalidRequest) as caught:
+        parse_request(_chat(**fields), "chat")
+    assert caught.value.param == param and says in caught.value.message
+    assert caught.value.message.startswith(f"{param}: ")
