@@ -155,7 +155,8 @@ class GlobalQueue:
             payload |= {k: v for k, v in (("rpm", limits.requests_per_minute), ("tpm", limits.tokens_per_minute))
                         if v is not None}
         result = await self._call("enqueue", payload, now_ms)
-        return EnqueueResult(result["status"], _grants(result["grants"]), int(result["retry_after_ms"]))
+        return EnqueueResult(result["status"], _grants(result["grants"]), int(result["retry_after_ms"]),
+                             int(result.get("held_ms") or 0))
 
     async def register_replica(self, capacity: ReplicaCapacity, lease_ms: int, now_ms: int | None = None) -> list[Grant]:
         """Register or renew a replica's capacity lease."""

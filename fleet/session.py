@@ -38,9 +38,10 @@ class QueueRejected(Exception):
 class QueueRateLimited(Exception):
     """The tenant's rate limits are reached: answer 429 with how long to wait."""
 
-    def __init__(self, retry_after_s: float) -> None:
+    def __init__(self, retry_after_s: float, held_s: float = 0.0) -> None:
         super().__init__(f"retry after {retry_after_s:.3f} s")
         self.retry_after_s = retry_after_s
+        self.held_s = held_s  # until any request of the tenant could pass (0: a smaller one could now)
 
 
 class QueueDeadlineExpired(Exception):
@@ -124,7 +125,7 @@ class QueueSession:
             # "duplicate": a retried enqueue whose first attempt went through (ids are ours alone); its
             # grant, if it has one, comes back with it
             if result.status == "rate_limited":
-                raise QueueRateLimited(result.retry_after_ms / 1000)
+                raise QueueRateLimited(result.retry_after_ms / 1000, result.held_ms / 1000)
             if not result.admitted and result.status != "duplicate":
                 raise QueueRejected(result.status)
             self._owned.add(spec.ticket_id)

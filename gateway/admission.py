@@ -34,6 +34,7 @@ from gateway.errors import (
 )
 from gateway.headers import RequestHeaders
 from gateway.metrics import GatewayMetrics
+from gateway.rate_holds import RateHolds
 from gateway.request_parsing import ParsedRequest
 from gateway.routing import was_routed
 from gateway.tenants import Tenant
@@ -86,6 +87,9 @@ class AdmissionStrategy(Protocol):
     async def admit(self, request: AdmissionRequest) -> Admitted:
         """A place for ``request``, or the client-facing error (429, 503)."""
 
+    def check_held(self, tenant_id: str) -> None:
+        """Raise the 429 at once while the queue holds ``tenant_id`` back (before its body is read)."""
+
 
 @dataclass
 class DirectPlace:
@@ -121,6 +125,9 @@ class DirectAdmission:
         """The class's pool."""
         return DirectPlace(self._pool_for_class[request.size.length_class])
 
+    def check_held(self, tenant_id: str) -> None:
+        """No queue, no rate limits."""
+
 
 class QueueAdmission:
     """Admission through the global queue: rate limits, a ticket, its grant."""
@@ -130,7 +137,12 @@ class QueueAdmission:
         self.metrics = metrics
         self._clock = clock
         self._session: QueueSession | None = None
+        self._holds = RateHolds(clock)
         self.gateway_id = ""
+
+    def check_held(self, tenant_id: str) -> None:
+        """Raise the 429 at once while the queue holds ``tenant_id`` back (gateway/rate_holds.py)."""
+        self._holds.check(tenant_id)
 
     async def start(self) -> None:
         """Open the replica's queue session on the serving event loop (idempotent)."""
@@ -158,7 +170,8 @@ class QueueAdmission:
         started = self._clock()
         timing = AdmitTiming(self._clock)
         try:
-            grant = await self.await_grant(session.admit(spec, max_wait_s, request.tenant.rate_limits, timing))
+            grant = await self.await_grant(session.admit(spec, max_wait_s, request.tenant.rate_limits, timing),
+                                           spec.tenant)
         except Rejected as exc:
             self.metrics.rejections.labels(self.metrics.tenant(spec.tenant), spec.band, exc.reason).inc()
             raise
@@ -170,11 +183,14 @@ class QueueAdmission:
         stages = {"enqueue": enqueued - started, "wait_grant": granted - enqueued}
         return QueuePlace(self, session, spec, max_wait_s, grant, queue_s * 1000, stages)
 
-    async def await_grant(self, waiting: Awaitable[Grant]) -> Grant:
-        """Await a grant; admission failures become the client-facing 429 / 503 errors."""
+    async def await_grant(self, waiting: Awaitable[Grant], tenant: str | None = None) -> Grant:
+        """Await a grant; admission failures become the client-facing 429 / 503 errors. A rate limit that holds
+        back every request of ``tenant`` for a while is remembered, to refuse its next ones before parsing."""
         try:
             return await waiting
         except (QueueRateLimited, QueueRejected, QueueDeadlineExpired, QueueTicketLost, redis.RedisError) as exc:
+            if isinstance(exc, QueueRateLimited) and tenant is not None:
+                self._holds.hold(tenant, exc.held_s)
             raise admission_error(exc, self.config.retry_after_s) from None
 
 

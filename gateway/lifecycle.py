@@ -66,6 +66,7 @@ class RequestLifecycle:
         try:
             tenant = self._access.authenticate(request.headers)
             tenant_id = tenant.id
+            self._admission.check_held(tenant.id)  # past its rate limit: refused before its body is read
             parsed = await parse_off_loop(await read_body(request, self._max_body_bytes), endpoint,
                                           self._client_options)
             stages.lap("parse")

@@ -144,11 +144,13 @@ class ReplicaCapacity:
 
 class EnqueueResult(NamedTuple):
     """An enqueue's outcome: ``status`` is 'admitted', 'duplicate' or a rejection reason; grants made
-    meanwhile; for 'rate_limited', how long until the tenant's limits would admit it."""
+    meanwhile; for 'rate_limited', how long until the tenant's limits would admit it, and how long until
+    they would admit any request of the tenant at all (``held_ms``; 0 when a smaller one could pass now)."""
 
     status: str
     grants: list[Grant]
     retry_after_ms: int = 0
+    held_ms: int = 0
 
     @property
     def admitted(self) -> bool:

@@ -13,7 +13,7 @@ end
 reap()
 promote_aged()  -- aged tickets move up before this one enters: they arrived earlier
 local p = PAYLOAD
-local status, retry_ms = nil, 0
+local status, retry_ms, held_ms = nil, 0, 0
 local index = BAND_INDEX[p.band]
 local own_grant = nil
 if not index then
@@ -36,7 +36,7 @@ else
   elseif tenant_over_share(band, p.tenant, p.cost) then
     status = "tenant_queue_full"
   else
-    retry_ms = rate_take(p.tenant, p.rpm, p.tpm, p.cost)
+    retry_ms, held_ms = rate_take(p.tenant, p.rpm, p.tpm, p.cost)
     if retry_ms > 0 then status = "rate_limited" end
   end
   if not status then
@@ -59,4 +59,4 @@ end
 if status ~= "admitted" then redis.call("HINCRBY", K_STATS, "rejected:" .. status, 1) end
 local grants = dispatch(true)
 if own_grant then table.insert(grants, 1, own_grant) end
-return reply({status = status, grants = grants, retry_after_ms = retry_ms})
+return reply({status = status, grants = grants, retry_after_ms = retry_ms, held_ms = held_ms})

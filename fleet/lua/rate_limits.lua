@@ -25,19 +25,21 @@ local function rate_store(key, rpm, tpm, requests_left, tokens_left)
   redis.call("PEXPIRE", key, 120000)
 end
 
--- take one request of `tokens` estimated tokens: 0 when admitted, else the ms until it could be
+-- take one request of `tokens` estimated tokens: 0, 0 when admitted, else the ms until it could be and the
+-- ms until any request could be (the request bucket's wait, or the token bucket's until it holds a token)
 local function rate_take(tenant, rpm, tpm, tokens)
-  if not rpm and not tpm then return 0 end
+  if not rpm and not tpm then return 0, 0 end
   local key = k_rate(tenant)
   local requests_left, tokens_left = rate_levels(key, rpm, tpm)
-  local retry_ms = 0
-  if rpm and requests_left < 1 then retry_ms = math.ceil((1 - requests_left) * 60000 / rpm) end
+  local retry_ms, held_ms = 0, 0
+  if rpm and requests_left < 1 then retry_ms = math.ceil((1 - requests_left) * 60000 / rpm); held_ms = retry_ms end
   if tpm and tokens_left < math.min(tokens, tpm) then
     retry_ms = math.max(retry_ms, math.ceil((math.min(tokens, tpm) - tokens_left) * 60000 / tpm))
+    if tokens_left < 1 then held_ms = math.max(held_ms, math.ceil((1 - tokens_left) * 60000 / tpm)) end
   end
-  if retry_ms > 0 then return retry_ms end
+  if retry_ms > 0 then return retry_ms, held_ms end
   rate_store(key, rpm, tpm, rpm and requests_left - 1, tpm and tokens_left - tokens)
-  return 0
+  return 0, 0
 end
 
 -- charge `tokens` beyond what was taken (negative gives tokens back)

@@ -190,6 +190,13 @@ def test_rate_limit_holds_across_both_gateways(base_url: str, api_keys: dict) ->
         assert _error(response, 429, "rate_limit_exceeded")["type"] == "rate_limit_error"
         assert response.headers["x-fleetgate-rejected-reason"] == "rate-limited"
         assert int(response.headers["retry-after"]) >= 1
+    # a gateway that saw the queue refuse the tenant refuses its next requests from the headers, until the
+    # bucket could take one again: a body it never reads (invalid JSON) gets the 429, not a 400
+    unread = [httpx.post(f"{base_url}/v1/completions", content=b"{not json", timeout=30,
+                         headers={**auth(api_keys["limited"]), "content-type": "application/json"})
+              for _ in range(6)]
+    assert {r.status_code for r in unread} <= {400, 429} and any(r.status_code == 429 for r in unread)
+    assert all(r.headers["x-fleetgate-rejected-reason"] == "rate-limited" for r in unread if r.status_code == 429)
 
 
 def test_long_prompts_run_on_the_throughput_pool(base_url: str, api_keys: dict) -> None:

@@ -48,6 +48,7 @@ async def test_request_limit_holds_across_two_gateways(redis_url: str) -> None:
     refused = [r for r in results if not r.admitted]
     assert {r.status for r in refused} == {"rate_limited"}
     assert all(r.retry_after_ms == 2000 for r in refused)  # one request refills in 60/30 s
+    assert all(r.held_ms == 2000 for r in refused)  # and no request of any size passes before then
     assert (await gateways[0].enqueue(_ticket("acme", 10), NOW + 2_000, limits)).admitted
     assert not (await gateways[1].enqueue(_ticket("acme", 10), NOW + 2_000, limits)).admitted
     assert (await gateways[1].enqueue(_ticket("other", 10), NOW, limits)).admitted  # buckets are per tenant
@@ -61,11 +62,14 @@ async def test_token_limit_takes_estimates_settles_on_completion_and_refunds_on_
     assert (await queue.enqueue(first, NOW, limits)).admitted
     refused = await queue.enqueue(_ticket("acme", 2000), NOW, limits)
     assert refused.status == "rate_limited" and refused.retry_after_ms == 10_000  # 1000 tokens at 100/s
+    assert refused.held_ms == 0  # 1000 tokens are left: a smaller request could pass now
     assert (await queue.complete(first.ticket_id, 1000, NOW)).done  # it served 1000 of its 5000 estimate
     assert (await queue.enqueue(_ticket("acme", 2000), NOW, limits)).admitted
     # larger than the whole bucket: passes when the bucket is full, so no request is impossible
     assert (await queue.enqueue(_ticket("big", 9000), NOW, limits)).admitted
-    assert not (await queue.enqueue(_ticket("big", 1), NOW + 1000, limits)).admitted
+    after_big = await queue.enqueue(_ticket("big", 1), NOW + 1000, limits)
+    assert not after_big.admitted
+    assert after_big.held_ms == after_big.retry_after_ms == 29_010  # at -2,900 tokens, 2,901 to one, at 100/s
     # a waiting ticket withdrawn gives its estimate back: fill the replica, queue one, cancel it
     await queue.register_replica(ReplicaCapacity("r", 2, 10**6), lease_ms=10**9, now_ms=NOW)  # both held
     waiting = _ticket("calm", 6000)
