@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -23,6 +24,7 @@ from pydantic import ValidationError
 from starlette.requests import Request
 
 from gateway.errors import InvalidJSON, InvalidRequest, InvalidValue, PayloadTooLarge
+from gateway.json_bounds import KEPT_ITEMS, MAX_ERRORS, MAX_VALUES, cut, values_over
 
 Endpoint = Literal["chat", "completion"]
 
@@ -87,10 +89,12 @@ def parse_request(raw_body: bytes, endpoint: Endpoint, options: ClientOptions = 
     model_class = _request_model(endpoint)
     from vllm.exceptions import VLLMClientError
 
+    if values_over(body, len(raw_body)):
+        raise InvalidJSON(f"The request body holds more than {MAX_VALUES} JSON values.")
     try:
         request = model_class.model_validate(body)
     except ValidationError as exc:
-        raise _invalid_request(exc, body) from None
+        raise _invalid_request(exc, body, model_class) from None
     except VLLMClientError as exc:  # vLLM's own validators raise these past pydantic; vLLM answers 400
         parameter = getattr(exc, "parameter", None)
         message = str(exc.args[0]) if exc.args else "invalid request"
@@ -211,13 +215,23 @@ def _request_model(endpoint: Endpoint) -> type:
 _MISMATCH_TYPES = ("literal_error", "union_tag_invalid", "union_tag_not_found", "model_type", "dataclass_type")
 
 
-def _invalid_request(exc: ValidationError, body: dict[str, Any]) -> InvalidRequest:
+def _invalid_request(exc: ValidationError, body: dict[str, Any], model_class: type) -> InvalidRequest:
     """A 422 naming the most telling error at its path in the body as sent (without pydantic's union member
     names). A union (a message's roles, ``stop``'s string or list) reports one error per member it tried: the
-    path most members agree on is the one at fault, and there a limit on the value beats "not this type"."""
+    path most members agree on is the one at fault, and there a limit on the value beats "not this type".
+    Past :data:`MAX_ERRORS` errors, they are read from the body cut short (gateway/json_bounds.py)."""
+    total = exc.error_count()
+    if total > MAX_ERRORS:
+        short = cut(body)
+        try:
+            model_class.model_validate(short)
+        except ValidationError as cut_exc:
+            exc, body = cut_exc, short
+        else:  # the errors lie past the first items of some list
+            return InvalidRequest(f"The request body has {total} errors, past the first {KEPT_ITEMS} items of a list.")
     errors = exc.errors(include_url=False, include_input=False)
     paths = [_body_path(error.get("loc", ()), body)[0] for error in errors]
-    agree = {path: paths.count(path) for path in paths}
+    agree = Counter(paths)
 
     def rank(index: int) -> tuple[int, bool]:
         kind = errors[index].get("type", "")
@@ -228,7 +242,7 @@ def _invalid_request(exc: ValidationError, body: dict[str, Any]) -> InvalidReque
     message = first.get("msg", "invalid request")
     if param:
         message = f"{param}: {message}"
-    extra = exc.error_count() - 1
+    extra = total - 1
     if extra:
         message += f" (and {extra} more error{'s' if extra > 1 else ''})"
     return InvalidRequest(message, param=param)
