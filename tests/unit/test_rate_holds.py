@@ -4,18 +4,11 @@ import pytest
 
 from gateway.errors import RateLimited
 from gateway.rate_holds import KEPT_TENANTS, RateHolds
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import ManualClock
 
 
 def test_a_held_tenant_is_refused_until_the_time_the_queue_named() -> None:
-    clock = _Clock()
+    clock = ManualClock()
     holds = RateHolds(clock)
     holds.check("acme")  # nothing held
     holds.hold("acme", 2.2)
@@ -34,7 +27,7 @@ def test_a_held_tenant_is_refused_until_the_time_the_queue_named() -> None:
 
 
 def test_the_holds_kept_are_bounded() -> None:
-    holds = RateHolds(_Clock())
+    holds = RateHolds(ManualClock())
     for i in range(KEPT_TENANTS + 10):
         holds.hold(f"t{i}", 60)
     holds.check("t0")  # the oldest were forgotten

@@ -4,18 +4,11 @@ from __future__ import annotations
 
 from gateway.metrics import GatewayMetrics
 from gateway.stages import Stages
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import ManualClock
 
 
 def test_laps_become_the_server_timing_header_and_the_histogram() -> None:
-    clock, metrics = _Clock(), GatewayMetrics()
+    clock, metrics = ManualClock(), GatewayMetrics()
     stages = Stages(metrics, clock, start=clock.now)
     clock.now += 0.0004
     stages.lap("parse")
@@ -33,7 +26,7 @@ def test_laps_become_the_server_timing_header_and_the_histogram() -> None:
 
 
 def test_a_clock_that_went_backwards_counts_no_negative_lap() -> None:
-    clock = _Clock()
+    clock = ManualClock()
     stages = Stages(GatewayMetrics(), clock, start=clock.now)
     stages.lap("relay", at=clock.now - 1)
     assert stages.server_timing() == "relay;dur=0.0"
@@ -42,7 +35,7 @@ def test_a_clock_that_went_backwards_counts_no_negative_lap() -> None:
 def test_the_bench_probe_reads_the_header_back() -> None:
     from bench.idle_probe import server_timing
 
-    clock = _Clock()
+    clock = ManualClock()
     stages = Stages(GatewayMetrics(), clock, start=clock.now)
     stages.laps({"enqueue": 0.0019, "wait_grant": 0.25})
     assert server_timing(stages.server_timing()) == {"enqueue": 1.9, "wait_grant": 250.0}

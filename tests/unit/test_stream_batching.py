@@ -9,6 +9,7 @@ import pytest
 
 from gateway.relay import sse_events
 from replicas.stream_batching import batched_lines
+from tests.support.clock import ManualClock
 
 
 class Source:
@@ -28,29 +29,21 @@ class Source:
             self.closed = True
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 async def _next(stream) -> object:
     return await asyncio.wait_for(stream.__anext__(), 5)
 
 
-async def _after_a_first_line(interval_s: float = 3600, clock: Clock | None = None):
+async def _after_a_first_line(interval_s: float = 3600, clock: ManualClock | None = None):
     """A batched stream whose first line, "a", has gone (at once: nothing was flushed before); its source."""
     source = Source()
-    stream = batched_lines(source.lines(), interval_s=interval_s, clock=clock or Clock())
+    stream = batched_lines(source.lines(), interval_s=interval_s, clock=clock or ManualClock(0.0))
     source.queue.put_nowait("a")
     assert await _next(stream) == "a"
     return source, stream
 
 
 async def test_first_line_at_once_then_one_message_per_interval_and_the_end_not_held() -> None:
-    source, clock = Source(), Clock()
+    source, clock = Source(), ManualClock(0.0)
     stream = batched_lines(source.lines(), interval_s=3600, clock=clock)
     source.queue.put_nowait({"status": 200})
     assert await _next(stream) == {"status": 200}  # the reply's header passes as it is
@@ -68,7 +61,7 @@ async def test_first_line_at_once_then_one_message_per_interval_and_the_end_not_
 
 
 async def test_a_line_after_a_quiet_interval_goes_at_once() -> None:
-    clock = Clock()
+    clock = ManualClock(0.0)
     source, stream = await _after_a_first_line(interval_s=0.5, clock=clock)
     clock.now = 0.6
     source.queue.put_nowait("b")
@@ -111,7 +104,7 @@ def test_a_joined_message_splits_back_into_its_events() -> None:
 
 async def test_a_chat_streams_role_chunk_does_not_hold_back_its_first_token() -> None:
     source = Source()
-    stream = batched_lines(source.lines(), interval_s=3600, clock=Clock())
+    stream = batched_lines(source.lines(), interval_s=3600, clock=ManualClock(0.0))
     source.queue.put_nowait('data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n')
     assert "role" in await _next(stream)
     source.queue.put_nowait('data: {"choices":[{"delta":{"content":"Hi"}}]}\n\n')
