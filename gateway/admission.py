@@ -249,8 +249,7 @@ def admission_error(exc: Exception, retry_after_s: int) -> GatewayError:
     """The client-facing error for a failed admission: 429 (rate limits, full, timed out) or 503 (queue
     unreachable)."""
     if isinstance(exc, QueueRateLimited):
-        return RateLimited("This API key's rate limit is reached; retry after the time in Retry-After.",
-                           reason="rate-limited", retry_after_s=max(1, int(exc.retry_after_s + 0.999)))
+        return RateLimited.after(exc.retry_after_s)
     if isinstance(exc, QueueRejected):
         return QueueFull(f"The queue for this priority band is full ({exc.reason}); retry later.",
                          reason="rejected-saturated", retry_after_s=retry_after_s)

@@ -136,6 +136,12 @@ class RateLimited(Rejected):
 
     status, error_type, code = 429, "rate_limit_error", "rate_limit_exceeded"
 
+    @classmethod
+    def after(cls, seconds: float) -> RateLimited:
+        """The 429 for a tenant whose limits admit it again in ``seconds`` (Retry-After: whole seconds, >= 1)."""
+        return cls("This API key's rate limit is reached; retry after the time in Retry-After.",
+                   reason="rate-limited", retry_after_s=max(1, int(seconds + 0.999)))
+
 
 class QueueUnavailable(Rejected):
     """The global queue (Redis) cannot be reached."""

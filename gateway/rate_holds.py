@@ -11,7 +11,6 @@ the queue named.
 
 from __future__ import annotations
 
-import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -46,5 +45,4 @@ class RateHolds:
         if left <= 0:
             del self._until[tenant]
             return
-        raise RateLimited("This API key's rate limit is reached; retry after the time in Retry-After.",
-                          reason="rate-limited", retry_after_s=max(1, math.ceil(left)))
+        raise RateLimited.after(left)
