@@ -49,10 +49,14 @@ class PromptTokenCounter:
         special = bool(parsed.body.get("add_special_tokens", True))
         return [self._completion_tokens(prompt, within, special) for prompt in prompts_of(parsed)]
 
-    def _text_tokens(self, text: str, within: int | None, add_special_tokens: bool = True) -> int:
+    def _text_tokens(self, text: str, within: int | None, add_special_tokens: bool, param: str) -> int:
         if within is not None and len(text) > within * self._max_chars_per_token:
             return within + 1
-        return len(self._tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
+        try:
+            return len(self._tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
+        except (TypeError, ValueError) as exc:  # text it cannot encode: a lone UTF-16 surrogate ("\ud800")
+            raise InvalidValue(f"{param}: the model's tokenizer cannot encode this text ({type(exc).__name__}).",
+                               param=param) from None
 
     def _chat_tokens(self, body: dict[str, Any], within: int | None) -> int:
         # what vLLM renders: the messages with the tools and documents the template reads, and the allowed
@@ -65,14 +69,14 @@ class PromptTokenCounter:
         try:
             text = self._tokenizer.apply_chat_template(
                 body["messages"], tools=body.get("tools"), documents=body.get("documents"), **options)
-            return self._text_tokens(text, within, bool(body.get("add_special_tokens", False)))
         except Exception as exc:  # the model's template refuses these messages (roles, order, content)
             raise InvalidValue(f"messages: the model's chat template cannot render them ({type(exc).__name__}: "
                                f"{str(exc)[:200]}).", param="messages") from None
+        return self._text_tokens(text, within, bool(body.get("add_special_tokens", False)), "messages")
 
     def _completion_tokens(self, prompt: Any, within: int | None, special: bool = True) -> int:
         if isinstance(prompt, str):
-            return self._text_tokens(prompt, within, special)
+            return self._text_tokens(prompt, within, special, "prompt")
         if isinstance(prompt, list) and prompt and all(isinstance(token, int) for token in prompt):
             return len(prompt)
         if isinstance(prompt, list):  # a batch of prompts: the request costs all of them
