@@ -133,6 +133,12 @@ class QueueConfig(BaseModel):
         2.0, gt=0, description="Signals older than this are stale: the gate falls back to the replica's "
         "concurrency cap (its max_num_seqs), so late reports never halt dispatch. Several heartbeats long.",
     )
+    progress_interval_s: float = Field(
+        1.0, gt=0, description="A replica tells the queue, at most this often, what its running requests have "
+        "served past their estimate (a request without max_tokens is estimated at default_output_tokens), so "
+        "their tenants are charged as they run, not only when they end: a tenant whose requests run long "
+        "cannot keep winning grants meanwhile. Shorter: fairer while they run, more Redis writes.",
+    )
     objectives: dict[str, str] = Field(
         default_factory=dict,
         description="x-gateway-inference-objective name -> band (alias for users of the Inference Extension).",

@@ -163,13 +163,16 @@ class GlobalQueue:
         return _grants((await self._call("register_replica", _replica_payload(capacity, lease_ms), now_ms))["grants"])
 
     async def report_signals(self, replica_id: str, signals: EngineSignals, received: list[str],
-                             now_ms: int | None = None) -> list[Grant]:
-        """A replica's engine report: its ``signals``, and the granted tickets it ``received`` since its last
-        report (their in-flight credit ends); then dispatch."""
+                             now_ms: int | None = None, progress: list[tuple[str, int]] = ()) -> list[Grant]:
+        """A replica's engine report: its ``signals``, the granted tickets it ``received`` since its last
+        report (their in-flight credit ends), and ``progress`` (ticket, tokens served so far) of running
+        requests past what they were charged (their tenants are topped up); then dispatch."""
         payload = {"replica_id": replica_id, "unstarted": signals.unstarted,
                    "unstarted_tokens": signals.unstarted_tokens, "running": signals.running,
                    "waiting": signals.waiting, "kv": float(signals.kv_usage), "received": signals.received,
                    "acked": list(received)}
+        if progress:
+            payload["progress"] = [[ticket_id, int(served)] for ticket_id, served in progress]
         return _grants((await self._call("report_signals", payload, now_ms))["grants"])
 
     async def deregister_replica(self, replica_id: str, now_ms: int | None = None, hold_ms: int = 0) -> list[Grant]:

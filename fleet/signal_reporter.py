@@ -5,7 +5,9 @@ so vLLM's stat logger hook stays fast on the replica's event loop); the reporter
 signals and writes them, at most once per ``interval_s`` (the first change after a quiet spell at once,
 the rest coalesced), and only when they changed or granted tickets arrived. An idle engine steps no more,
 so a heartbeat repeats the last report every ``heartbeat_s``, and the queue keeps trusting it. Each report
-also names the granted tickets that arrived since the last one, which ends their in-flight credit.
+also names the granted tickets that arrived since the last one, which ends their in-flight credit, and, at
+most every ``progress_interval_s``, the running requests that have served more than their tenants were
+charged (the queue tops the charge up: policies/fairness.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+
+Progress = list[tuple[str, int]]  # (ticket, tokens its engine has served so far)
 
 from fleet.queue import GlobalQueue
 from policies.types import EngineSignals
@@ -32,10 +36,14 @@ class SignalReporter:
 
     def __init__(self, queue: GlobalQueue, replica_id: str, read: Callable[[], EngineSignals], interval_s: float,
                  heartbeat_s: float, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 read_progress: Callable[[], Progress] | None = None, progress_interval_s: float = 1.0) -> None:
         self._queue, self._replica_id, self._read = queue, replica_id, read
         self._interval_s, self._heartbeat_s = interval_s, heartbeat_s
         self._clock, self._sleep = clock, sleep
+        self._read_progress, self._progress_interval_s = read_progress, progress_interval_s
+        self._progress_read = float("-inf")
+        self._unsent_progress: Progress = []  # read, but its report failed: sent with the next one
         self._changed = asyncio.Event()
         self._arrived: list[str] = []
         self._last: tuple | None = None
@@ -90,16 +98,24 @@ class SignalReporter:
             timer.cancel()
 
     async def report(self) -> None:
-        """Write the signals now if they changed, tickets arrived, or the heartbeat is due."""
+        """Write the signals now if they changed, tickets arrived, progress is due, or the heartbeat is."""
         signals = self._read()
         due = self._clock() - self._last_write >= self._heartbeat_s
-        if _digest(signals) == self._last and not self._arrived and not due:
+        progress, self._unsent_progress = self._unsent_progress + self._progress(), []
+        if _digest(signals) == self._last and not self._arrived and not due and not progress:
             return
         arrived, self._arrived = self._arrived, []
         try:
-            await self._queue.report_signals(self._replica_id, signals, arrived)
+            await self._queue.report_signals(self._replica_id, signals, arrived, progress=progress)
         except BaseException:
             self._arrived = arrived + self._arrived  # named again in the next report
+            self._unsent_progress = progress  # counts served so far: sent late, it charges the same
             raise
         self._last, self._last_write = _digest(signals), self._clock()
         self.reports += 1
+
+    def _progress(self) -> Progress:
+        if self._read_progress is None or self._clock() - self._progress_read < self._progress_interval_s:
+            return []
+        self._progress_read = self._clock()
+        return self._read_progress()

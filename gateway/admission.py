@@ -66,6 +66,7 @@ class Admitted(Protocol):
     replica_id: str | None
     ticket_id: str | None  # the grant the replica acknowledges (None without the queue)
     prompt_tokens: int  # what the request weighs at its replica until the engine starts it
+    charged: int  # the tokens its tenant was charged at the grant (its estimate; 0: nothing charged)
     queue_ms: float | None
     stages: dict[str, float]  # admission's stages (enqueue, wait_grant), in seconds
 
@@ -99,6 +100,7 @@ class DirectPlace:
     replica_id: str | None = None
     ticket_id: str | None = None
     prompt_tokens: int = 0
+    charged: int = 0
     queue_ms: float | None = None
     stages: dict[str, float] = field(default_factory=dict)
 
@@ -202,7 +204,7 @@ class QueuePlace:
         self._admission, self._session, self._spec = admission, session, spec
         self._max_wait_s = max_wait_s
         self._requeues = 0
-        self.ticket_id, self.prompt_tokens = spec.ticket_id, spec.prefill_tokens
+        self.ticket_id, self.prompt_tokens, self.charged = spec.ticket_id, spec.prefill_tokens, spec.cost
         self.queue_ms = queue_ms
         self.stages = stages
         self._take(grant)

@@ -147,7 +147,8 @@ class RequestLifecycle:
         """Start the request where its place says; a replica that is gone sends it back to be placed again.
         ``at_engine[0]`` is True while a replica holds it."""
         while True:
-            replies = self._pools.call(place.pool, place.replica_id, parsed, place.ticket_id, place.prompt_tokens)
+            replies = self._pools.call(place.pool, place.replica_id, parsed, place.ticket_id, place.prompt_tokens,
+                                       place.charged)
             try:
                 at_engine[0] = True
                 header = await replies.__anext__()

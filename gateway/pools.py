@@ -24,14 +24,14 @@ class Pools:
         self._listing: dict[str, Any] | None = None
 
     def call(self, pool: str, replica_id: str | None, parsed: ParsedRequest, ticket_id: str | None = None,
-             prompt_tokens: int = 0) -> DeploymentResponseGenerator:
+             prompt_tokens: int = 0, charged: int = 0) -> DeploymentResponseGenerator:
         """Start the request on ``pool`` (on ``replica_id`` when a grant names one; ``ticket_id`` is the grant
-        the replica acknowledges, ``prompt_tokens`` the prompt's count).
+        the replica acknowledges, ``prompt_tokens`` the prompt's count, ``charged`` what the grant charged).
 
         A pool this gateway does not know (config drift) reaches the default pool, which answers misrouted.
         """
         handle = self._streams.get(pool) or self._streams[self._default]
-        grant = {GRANT_KWARG: replica_id, "ticket_id": ticket_id} if replica_id is not None else {}
+        grant = {GRANT_KWARG: replica_id, "ticket_id": ticket_id, "charged": charged} if replica_id is not None else {}
         return handle.generate.remote(parsed.endpoint, parsed.body, prompt_tokens=prompt_tokens, **grant)
 
     async def served(self, pool: str, replica_id: str, ticket_id: str, timeout_s: float) -> int | None:

@@ -95,9 +95,12 @@ class ReferenceScheduler:
         known.expires_ms = now_ms + lease_ms
         return self._dispatch(now_ms)
 
-    def report_signals(self, replica_id: str, signals: EngineSignals, received: list[str], now_ms: int) -> list[Grant]:
-        """A replica's engine report: its signals, and the granted tickets it received since its last report
-        (their in-flight credit ends). Then dispatch. An unknown replica's report changes nothing."""
+    def report_signals(self, replica_id: str, signals: EngineSignals, received: list[str], now_ms: int,
+                       progress: list[tuple[str, int]] = ()) -> list[Grant]:
+        """A replica's engine report: its signals, the granted tickets it received since its last report
+        (their in-flight credit ends), and ``progress``: (ticket, tokens served so far) for running requests
+        past what they were charged, whose tenants are topped up to it. Then dispatch. An unknown replica's
+        report changes nothing, and neither does a ticket it does not hold."""
         self._reap(now_ms)
         replica = self.replicas.get(replica_id)
         if replica is not None:
@@ -107,6 +110,14 @@ class ReferenceScheduler:
                     ticket.acked = True
                     replica.in_flight -= 1
                     replica.in_flight_tokens -= ticket.credit
+            for ticket_id, served in progress:
+                ticket = self.tickets.get(ticket_id)
+                if ticket and ticket.granted_to == replica_id and self._same_registration(ticket):
+                    extra = fairness.top_up(served, ticket.charged)
+                    if extra:
+                        self._charge(ticket.charged_band, ticket.spec.tenant, extra / ticket.spec.weight)
+                        self._charge_flow(ticket.charged_band, ticket, extra)
+                        ticket.topped += extra
             replica.signals, replica.signals_at_ms, replica.fresh = signals, now_ms, True
         return self._dispatch(now_ms)
 
@@ -127,9 +138,9 @@ class ReferenceScheduler:
         if done:
             assert ticket is not None
             self._release(ticket)
-            correction = fairness.completion_correction(actual_cost, ticket.spec.cost, ticket.spec.weight)
+            correction = fairness.completion_correction(actual_cost, ticket.charged, ticket.spec.weight)
             self._charge(ticket.charged_band, ticket.spec.tenant, correction)
-            self._charge_flow(ticket.charged_band, ticket, actual_cost - ticket.spec.cost)
+            self._charge_flow(ticket.charged_band, ticket, actual_cost - ticket.charged)
             self.served[ticket.spec.tenant] = self.served.get(ticket.spec.tenant, 0) + actual_cost
             del self.tickets[ticket_id]
         return CompleteResult(done, self._dispatch(now_ms))
@@ -155,9 +166,9 @@ class ReferenceScheduler:
         if moved:
             assert ticket is not None
             self._release(ticket)
-            self._charge(ticket.charged_band, ticket.spec.tenant, -ticket.spec.cost / ticket.spec.weight)
-            self._charge_flow(ticket.charged_band, ticket, -ticket.spec.cost)
-            ticket.granted_to = None
+            self._charge(ticket.charged_band, ticket.spec.tenant, -ticket.charged / ticket.spec.weight)
+            self._charge_flow(ticket.charged_band, ticket, -ticket.charged)
+            ticket.granted_to, ticket.topped = None, 0
             self._push(ticket, ticket.band, now_ms, at_head=True)
         return RequeueResult(moved, self._dispatch(now_ms))
 

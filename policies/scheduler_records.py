@@ -28,6 +28,12 @@ class TicketRecord:
     position: int = 0  # in its flow's order (policies.ordering)
     aging_stopped: bool = False  # it reached its ceiling: it ages no further in this band
     flow: str = ""  # the flow it waits in (the one it asked for, or the overflow flow)
+    topped: int = 0  # tokens charged beyond its estimate while it ran (its replica's progress reports)
+
+    @property
+    def charged(self) -> int:
+        """Tokens its tenant has been charged for it so far: the estimate, and any top-ups."""
+        return self.spec.cost + self.topped
 
 
 @dataclass

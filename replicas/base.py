@@ -78,7 +78,9 @@ class ReplicaBase:
             self._registration = CapacityRegistration(queue, capacity)
             await self._registration.start()
             self._reporter = SignalReporter(self._registration.queue, self.replica_id, self.engine_signals,
-                                            queue.signal_interval_s, queue.signal_heartbeat_s)
+                                            queue.signal_interval_s, queue.signal_heartbeat_s,
+                                            read_progress=self.engine_progress,
+                                            progress_interval_s=queue.progress_interval_s)
             self._reporter.start()
             if publish_metrics:
                 self._registration.publish_metrics(self.spec.metrics_interval_s)
@@ -93,16 +95,25 @@ class ReplicaBase:
         """The engine's signals now."""
         raise NotImplementedError
 
+    def engine_served(self) -> dict[str, int]:
+        """Tokens the engine has served so far for each request it holds (key -> prompt and output tokens)."""
+        return {}
+
+    def engine_progress(self) -> list[tuple[str, int]]:
+        """(ticket, tokens served so far) of the granted requests that ran past what their tenants were charged."""
+        return self.tracker.progress(self.engine_served())
+
     async def generate(
         self, endpoint: Endpoint, body: dict[str, Any], granted_replica: str | None = None,
-        ticket_id: str | None = None, prompt_tokens: int = 0,
+        ticket_id: str | None = None, prompt_tokens: int = 0, charged: int = 0,
     ) -> AsyncIterator[dict[str, Any] | str]:
         """Run one request; yield a ReplicaReply dict, then SSE lines if the reply streams.
 
         ``granted_replica`` is the replica the global queue granted the request to; a call that reaches
         another replica (the granted one is gone) is answered MISROUTED at once, and the gateway requeues.
         ``ticket_id`` names the grant: its arrival is acknowledged in the next signal report. ``prompt_tokens``
-        is the gateway's count, what the request weighs until its engine starts it.
+        is the gateway's count, what the request weighs until its engine starts it; ``charged`` what the grant
+        charged its tenant (the engine's progress past it is reported, and charged, as it runs).
         """
         if granted_replica is not None and granted_replica != self.replica_id:
             yield ReplicaReply(status=MISROUTED).model_dump()
@@ -113,7 +124,7 @@ class ReplicaBase:
         if ticket_id is not None and not self.outcomes.begin(ticket_id):
             yield ReplicaReply(status=GIVEN_UP).model_dump()
             return
-        key = self.tracker.enter(prompt_tokens)
+        key = self.tracker.enter(prompt_tokens, ticket_id, charged)
         body["request_id"] = key  # the engine's id for it: the replica's own, never the client's
         if ticket_id is not None and self._reporter is not None:
             self._reporter.received(ticket_id)

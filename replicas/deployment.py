@@ -18,7 +18,7 @@ from policies.types import EngineSignals
 from replicas.base import Endpoint, ReplicaBase, ReplicaReply
 from replicas.cpu_binding import CpuBinding
 from replicas.engine_dtype import cpu_flags, engine_dtype
-from replicas.engine_signals import vllm_signals, vllm_step_hook
+from replicas.engine_signals import vllm_served, vllm_signals, vllm_step_hook
 from replicas.engine_settings import EngineSettings
 from replicas.engine_wait import SPIN_MS_ENV, plugin_registered
 from replicas.spec import ReplicaSpec
@@ -114,6 +114,10 @@ class VLLMReplica(ReplicaBase):
     def engine_signals(self) -> EngineSignals:
         """The engine's last step's stats, and which of this replica's requests it has started."""
         return vllm_signals(self.tracker, self._engine, self._step_stats)
+
+    def engine_served(self) -> dict[str, int]:
+        """Tokens the engine has served so far for each of this replica's requests."""
+        return vllm_served(self.tracker, self._engine)
 
     async def models(self) -> dict[str, Any]:
         """vLLM's own /v1/models listing for this replica."""

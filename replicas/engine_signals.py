@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from policies.types import EngineSignals
@@ -23,23 +23,38 @@ _KEY = re.compile(r"fgr[0-9a-f]{32}")
 
 
 class RequestTracker:
-    """The replica's requests in progress, their prompt tokens, and which have started (produced a first
-    token)."""
+    """The replica's requests in progress, their prompt tokens, which have started (produced a first token),
+    and, for granted ones, what their tenants have been charged so far."""
 
     def __init__(self) -> None:
         self.received = 0
         self.prefill_chunk = 0  # the engine's most prompt tokens per request and step (0: no cap)
         self._started: dict[str, bool] = {}
         self._tokens: dict[str, int] = {}
+        self._charges: dict[str, list] = {}  # key -> [ticket id, tokens charged for it so far]
 
-    def enter(self, prompt_tokens: int = 0) -> str:
-        """A request arrived (with its prompt tokens, when the caller counted them): its key, the engine
-        request id it must run under."""
+    def enter(self, prompt_tokens: int = 0, ticket_id: str | None = None, charged: int = 0) -> str:
+        """A request arrived (with its prompt tokens, when the caller counted them; with the grant's ticket and
+        what it charged, when the queue granted it): its key, the engine request id it must run under."""
         key = f"fgr{uuid.uuid4().hex}"
         self._started[key] = False
         self._tokens[key] = max(0, prompt_tokens)
+        if ticket_id is not None and charged > 0:
+            self._charges[key] = [ticket_id, charged]
         self.received += 1
         return key
+
+    def progress(self, served: Mapping[str, int]) -> list[tuple[str, int]]:
+        """(ticket, tokens served so far) for the granted requests whose engine has served more than their
+        tenants were charged (``served``: key -> the engine's count); from now on they count as charged that
+        much."""
+        past = []
+        for key, tokens in served.items():
+            charge = self._charges.get(key)
+            if charge is not None and tokens > charge[1]:
+                charge[1] = tokens
+                past.append((charge[0], tokens))
+        return past
 
     def started(self, key: str) -> None:
         """The request produced its first output."""
@@ -50,6 +65,7 @@ class RequestTracker:
         """The request is over, however it ended."""
         self._started.pop(key, None)
         self._tokens.pop(key, None)
+        self._charges.pop(key, None)
 
     def key_of(self, engine_id: str) -> str | None:
         """The key inside an engine request id (vLLM adds prefixes and suffixes), if it is one of ours."""
@@ -99,6 +115,28 @@ def vllm_step_hook(on_step: Callable[[Any], None]) -> type:
             pass
 
     return EngineStepHook
+
+
+def vllm_served(tracker: RequestTracker, engine: Any) -> dict[str, int]:
+    """Tokens the engine has served so far for each of the replica's requests in it (key -> prompt and output
+    tokens, as vLLM's usage will count them: ``n`` > 1 shares one prompt; a batch of prompts has one each)."""
+    prompts: dict[str, dict[str, int]] = {}
+    outputs: dict[str, int] = {}
+    for state in engine.output_processor.request_states.values():
+        key = tracker.key_of(getattr(state, "external_req_id", None) or state.request_id)
+        if key is None:
+            continue
+        parent = getattr(state, "parent_req", None)
+        prompt_of = getattr(parent, "request_id", None) or state.request_id
+        prompts.setdefault(key, {})[prompt_of] = state.prompt_len or 0
+        outputs[key] = outputs.get(key, 0) + _output_tokens(state)
+    return {key: sum(prompts[key].values()) + outputs[key] for key in prompts}
+
+
+def _output_tokens(state: Any) -> int:
+    if state.detokenizer is not None:
+        return state.detokenizer.num_output_tokens()
+    return state.stats.num_generation_tokens if state.stats is not None else 0
 
 
 def vllm_signals(tracker: RequestTracker, engine: Any, stats: Any | None) -> EngineSignals:

@@ -62,6 +62,10 @@ class SimReplica(ReplicaBase):
                              waiting=self._engine.waiting, kv_usage=self._engine.kv_usage,
                              received=self.tracker.received)
 
+    def engine_served(self) -> dict[str, int]:
+        """Tokens the simulated engine has served so far for each running request."""
+        return {request.request_id: request.prompt_tokens + request.generated for request in self._engine.running}
+
     async def serve(self, endpoint: Endpoint, body: dict[str, Any]) -> AsyncIterator[dict[str, Any] | str]:
         """Run one request on the simulated engine; the same messages as vLLM's replica."""
         request_id = str(body.get("request_id") or uuid.uuid4().hex)

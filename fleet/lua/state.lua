@@ -92,14 +92,18 @@ local TOKENS_LIMIT = 4294967296  -- 2^32
 local function ticket_fields(id)
   local f = redis.call("HMGET", k_ticket(id), "tenant", "band", "cost", "weight", "class", "owner",
     "granted_to", "reserved", "charged_band", "flow", "rpm", "tpm", "acked", "position", "prompt", "credit",
-    "ceiling", "asked_flow", "granted_epoch", "guarded")
+    "ceiling", "asked_flow", "granted_epoch", "guarded", "topped")
   if not f[1] then return nil end
   return {id = id, tenant = f[1], band = f[2], cost = tonumber(f[3]), weight = tonumber(f[4]), class = f[5],
     owner = f[6], granted_to = f[7] or "", reserved = tonumber(f[8] or "0"), charged_band = f[9] or "",
     flow = f[10] or "", rpm = tonumber(f[11] or ""), tpm = tonumber(f[12] or ""), acked = f[13] == "1",
     position = tonumber(f[14] or "0"), prompt = tonumber(f[15] or f[3]), credit = tonumber(f[16] or "0"),
-    ceiling = f[17] or "", asked_flow = f[18] or f[10] or "", granted_epoch = f[19] or "", guarded = f[20] == "1"}
+    ceiling = f[17] or "", asked_flow = f[18] or f[10] or "", granted_epoch = f[19] or "", guarded = f[20] == "1",
+    topped = tonumber(f[21] or "0")}
 end
+
+-- what a ticket's tenant has been charged for it so far: its estimate, and the top-ups while it ran
+local function charged(t) return t.cost + t.topped end
 
 -- the length classes tickets have had (read once per call, kept current by add_class)
 local CLASSES = nil

@@ -147,6 +147,36 @@ def test_a_stream_its_client_leaves_is_charged_what_its_engine_did(base_url: str
                                        lambda: leave_a_stream(base_url, api_keys["acme"]))
 
 
+def test_a_reply_running_past_its_estimate_is_charged_while_it_runs(base_url: str, redis_url: str,
+                                                                     api_keys: dict) -> None:
+    """Without max_tokens a chat is estimated at its prompt and queue.default_output_tokens (128), and the
+    tiny model runs on toward its context's end. Its replica reports what the engine has served, and the
+    tenant is charged as it runs, before the reply (not streamed: the gateway cannot watch it) ends; the
+    client then leaves, and the tenant is charged what its engine did, once."""
+
+    def counter() -> float:
+        return sum(band.counters.get("acme", 0.0) for band in snapshot(redis_url).bands)
+
+    async def run_past_then_leave() -> None:
+        body = {"model": TINY_MODEL_NAME, "messages": [{"role": "user", "content": "run on"}], "temperature": 0}
+        async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
+            before = counter()
+            reply = asyncio.ensure_future(client.post("/v1/chat/completions", json=body,
+                                                      headers=auth(api_keys["acme"])))
+            deadline, seen = time.monotonic() + 60, [before]
+            while len(seen) < 3:  # the grant's charge, then a top-up, while the reply runs
+                assert time.monotonic() < deadline and not reply.done(), (seen, reply.done() and reply.result().text)
+                if (now := counter()) != seen[-1]:
+                    seen.append(now)
+                await asyncio.sleep(0.05)
+            assert seen[2] > seen[1] > seen[0]
+            reply.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reply
+
+    assert_charged_what_its_engine_did(base_url, redis_url, "acme", lambda: asyncio.run(run_past_then_leave()))
+
+
 def test_beam_search_only_in_the_top_band(base_url: str, api_keys: dict) -> None:
     """vLLM's beam search ignores request priority (it runs at 0): a lower band may not use it to jump ahead."""
     body = {"use_beam_search": True, "n": 2, "max_tokens": 2}

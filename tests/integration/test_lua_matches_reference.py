@@ -1,9 +1,9 @@
 """The Lua dispatch and the pure-Python reference make the same decisions on the same random workloads.
 
 Each workload interleaves every call (enqueue, replica registration and expiry, engine signal reports that
-acknowledge some grants, completion with actual costs, cancellation, requeue, lease renewal, time passing
-past leases, signal staleness and aging limits; tickets in several flows per tenant; replicas that prefer
-some length classes) and compares every result, then the full state (tenant and flow counters bit for bit,
+acknowledge some grants and top up requests past their charge, completion with actual costs, cancellation,
+requeue, lease renewal, time passing past leases, signal staleness and aging limits; tickets in several flows
+per tenant; replicas that prefer some length classes) and compares every result, then the full state (tenant and flow counters bit for bit,
 queue depths per band and tenant, replica capacity, in-flight credit and signal freshness).
 """
 
@@ -121,7 +121,7 @@ def _same_decisions(redis_url: str, seed: int, fleet: str, use_functions: bool) 
     granted: list[str] = []
     waiting: list[str] = []
     replica_ids = [f"replica-{i}" for i in range(3)]
-    decisions = gated = guarded = 0
+    decisions = gated = guarded = topped_up = 0
 
     for step in range(260):
         now += rng.choice([0, 0, 5, 20, 80, 250])
@@ -154,12 +154,18 @@ def _same_decisions(redis_url: str, seed: int, fleet: str, use_functions: bool) 
             if step % 40 == 39:
                 signals = EngineSignals(unstarted_tokens=450, kv_usage=0.9)
             received = [t for t in granted + ["no-such-ticket"] if rng.random() < 0.5]
-            outcome = lua.report_signals(replica_id, signals, received, now)
-            assert outcome == ref.report_signals(replica_id, signals, received, now)
+            # and the progress of some running requests (its own, others', gone ones), some past their charge
+            own = {t for t in granted if t in ref.tickets and ref.tickets[t].granted_to == replica_id}
+            progress = [(t, rng.randint(0, 2 * ref.tickets[t].spec.cost) if t in ref.tickets else 9)
+                        for t in granted + ["no-such-ticket"] if rng.random() < (0.7 if t in own else 0.15)]
+            before = {t: ref.tickets[t].topped for t, _ in progress if t in ref.tickets}
+            outcome = lua.report_signals(replica_id, signals, received, now, progress=progress)
+            assert outcome == ref.report_signals(replica_id, signals, received, now, progress=progress)
+            topped_up += sum(ref.tickets[t].topped > was for t, was in before.items() if t in ref.tickets)
         elif op < 0.75 and granted:
             ticket_id = granted.pop(rng.randrange(len(granted)))
             ticket = ref.tickets.get(ticket_id)
-            actual = rng.randint(0, ticket.spec.cost) if ticket else 1
+            actual = rng.randint(0, ticket.charged + 50) if ticket else 1
             result = lua.complete(ticket_id, actual, now)
             assert result == ref.complete(ticket_id, actual, now)
             outcome = result.grants
@@ -194,6 +200,7 @@ def _same_decisions(redis_url: str, seed: int, fleet: str, use_functions: bool) 
         gated += _state_matches(lua, ref, now)
     assert decisions > 20, "the workload should exercise dispatch"
     assert gated > 0, "the workload should exercise the gate's signal limits"
+    assert topped_up > 0, "the workload should top up requests that ran past their charge"
     assert lua.lua.form == ("functions" if use_functions and has_functions(redis_url) else "scripts")
     if fleet == "pools":
         assert guarded > 0, "the workload should put long prompts on latency replicas"

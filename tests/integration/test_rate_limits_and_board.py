@@ -2,8 +2,9 @@
 
 * Two gateways (own connections) hammering one tenant's buckets admit exactly what the limits allow,
   no more: the check is part of the enqueue's atomic step in Redis, so it holds across gateway replicas.
-* The token bucket refills at its rate, settles at completion to what was served, is refunded when a
-  waiting ticket is withdrawn, and says how long to wait.
+* The token bucket refills at its rate, settles at completion to what was served, takes what a running
+  request serves past its estimate as its replica reports it, is refunded when a waiting ticket is
+  withdrawn, and says how long to wait.
 * Published metrics are read back by any gateway, and a source that stops publishing disappears.
 """
 
@@ -19,7 +20,7 @@ from fleet.keys import QueueKeys
 from fleet.metrics_board import MetricsBoard
 from fleet.queue import GlobalQueue, QueueSettings
 from gateway.tenants import RateLimits
-from policies.types import BandPolicy, ReplicaCapacity, TicketSpec
+from policies.types import BandPolicy, EngineSignals, ReplicaCapacity, TicketSpec
 
 pytestmark = pytest.mark.integration
 
@@ -77,6 +78,21 @@ async def test_token_limit_takes_estimates_settles_on_completion_and_refunds_on_
     assert (await queue.enqueue(_ticket("calm", 1), NOW, limits)).status == "rate_limited"
     assert (await queue.cancel(waiting.ticket_id, NOW)).status == "cancelled"
     assert (await queue.enqueue(_ticket("calm", 6000), NOW, limits)).admitted
+
+
+async def test_a_request_running_past_its_estimate_takes_its_tokens_as_it_runs(redis_url: str) -> None:
+    queue = _queue(redis_url, _keys())
+    await queue.register_replica(ReplicaCapacity("r", 10, 10**6), lease_ms=10**9, now_ms=NOW)
+    limits = RateLimits(tokens_per_minute=6000)
+    running = _ticket("acme", 1000)
+    assert (await queue.enqueue(running, NOW, limits)).admitted
+    assert (await queue.enqueue(_ticket("acme", 4000), NOW, limits)).admitted  # 1,000 tokens left
+    await queue.report_signals("r", EngineSignals(), [running.ticket_id], NOW, progress=[(running.ticket_id, 2600)])
+    refused = await queue.enqueue(_ticket("acme", 1), NOW, limits)
+    assert refused.status == "rate_limited" and refused.held_ms == 6_010  # 1,000 less the 1,600 run past: -600
+    assert (await queue.complete(running.ticket_id, 2800, NOW + 1_000)).done  # 200 more than its last report
+    refused = await queue.enqueue(_ticket("acme", 1), NOW + 1_000, limits)
+    assert refused.held_ms == 7_010  # -600 + 100 refilled - 200: 701 tokens to one, at 100 a second
 
 
 async def test_unlimited_tenants_never_touch_a_bucket(redis_url: str) -> None:

@@ -3,7 +3,7 @@
 One replica, driven through its DeploymentHandle: vLLM's serving path, its error mapping, priority
 scheduling, the abort of an engine request when the caller goes away, and its engine signals in the global
 queue (what vLLM's scheduler reports each step, the requests it has not started, granted tickets
-acknowledged).
+acknowledged, and what a request running past its estimate has served, charged as it runs).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ ENGINE = EngineSettings(
 @pytest.fixture(scope="module")
 def queue_config(redis_url: str) -> QueueConfig:
     QUEUE["config"] = QueueConfig(redis_url=redis_url, namespace=f"replica{uuid.uuid4().hex[:8]}",
-                                  signal_heartbeat_s=0.2, signal_stale_s=1.0)
+                                  signal_heartbeat_s=0.2, signal_stale_s=1.0, progress_interval_s=0.2)
     return QUEUE["config"]
 
 
@@ -232,3 +232,30 @@ async def test_a_stream_cut_short_reports_the_engines_latest_count(replica) -> N
     served = await replica.served.remote("t-cut", 5.0, granted_replica=grant.replica_id)
     assert served is not None and served >= sent_total > 1
     await queue.complete("t-cut", served)
+
+
+async def _counter(queue, band: str, tenant: str) -> float:
+    snapshot = await queue.snapshot()
+    return next(b for b in snapshot.bands if b.name == band).counters.get(tenant, 0.0)
+
+
+async def test_a_request_past_its_estimate_is_charged_while_it_runs(replica, queue_config: QueueConfig) -> None:
+    """A reply the gateway cannot watch (not streamed) that runs far past the 10 tokens its grant charged:
+    the replica reports the engine's count, and the queue charges the tenant while it runs."""
+    body = {"model": TINY_MODEL_NAME, "prompt": "x", "max_tokens": 4000, "ignore_eos": True}
+    queue, tenant = _queue(), f"long-{uuid.uuid4().hex[:6]}"
+    (grant,) = (await queue.enqueue(TicketSpec("t-long", tenant, "interactive", 10))).grants
+    at_grant = await _counter(queue, "interactive", tenant)  # lifted to the band's virtual time, plus 10
+    replies = replica.options(stream=True).generate.remote("completion", body, granted_replica=grant.replica_id,
+                                                           ticket_id="t-long", charged=10)
+    header = asyncio.ensure_future(replies.__anext__())
+    deadline = time.monotonic() + 60
+    while (charged := await _counter(queue, "interactive", tenant)) < at_grant + 50:
+        assert time.monotonic() < deadline and not header.done(), "no progress was charged while it ran"
+        await asyncio.sleep(0.05)
+    replies.cancel()
+    served = await replica.served.remote("t-long", 5.0, granted_replica=grant.replica_id)
+    assert served is not None and served >= charged - at_grant + 10  # never charged past what the engine did
+    header.cancel()
+    await queue.complete("t-long", served)
+    assert await _counter(queue, "interactive", tenant) == at_grant - 10 + served  # charged once, what it served

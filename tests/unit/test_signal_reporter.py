@@ -1,5 +1,6 @@
 """A replica's signal reports: coalesced to one write per interval, written only on change, a heartbeat
-while idle, arrivals named once (again after a failed write); and the request tracker's unstarted count."""
+while idle, arrivals named once (again after a failed write), running requests' progress past their charge
+at most once per progress interval; and the request tracker's unstarted count and progress."""
 
 from __future__ import annotations
 
@@ -15,13 +16,16 @@ from replicas.engine_signals import RequestTracker
 class FakeQueue:
     def __init__(self) -> None:
         self.reports: list[tuple[EngineSignals, list[str]]] = []
+        self.progress: list[list[tuple[str, int]]] = []
         self.fail = False
         self.written = asyncio.Event()
 
-    async def report_signals(self, replica_id: str, signals: EngineSignals, received: list[str]) -> list:
+    async def report_signals(self, replica_id: str, signals: EngineSignals, received: list[str],
+                             progress: list[tuple[str, int]] = ()) -> list:
         if self.fail:
             raise ConnectionError("redis away")
         self.reports.append((signals, list(received)))
+        self.progress.append(list(progress))
         self.written.set()
         return []
 
@@ -153,3 +157,82 @@ def test_a_replica_collected_without_a_loop_lets_its_lease_lapse() -> None:
     replica = ReplicaBase()
     replica._registration = registration = _Registration()
     assert replica._leave_fleet() is None and registration.stopped == 1 and registration.deregistered == 0
+
+
+async def test_progress_is_read_at_most_once_per_interval_and_written_even_without_a_change(setup) -> None:
+    _, queue, clock, state = setup
+    reads: list[float] = []
+    past = {"now": [("t1", 300)]}
+
+    def read_progress() -> list[tuple[str, int]]:
+        reads.append(clock.now)
+        return past["now"]
+
+    reporter = SignalReporter(queue, "r1", lambda: state["signals"], interval_s=0.05, heartbeat_s=5.0, clock=clock,
+                              sleep=clock.sleep, read_progress=read_progress, progress_interval_s=1.0)
+    await reporter.report()
+    assert queue.progress == [[("t1", 300)]]
+    past["now"] = [("t1", 450)]
+    await clock.advance(0.5)
+    await reporter.report()  # signals unchanged, progress not due: nothing written, nothing read
+    assert len(queue.reports) == 1 and len(reads) == 1
+    await clock.advance(0.5)
+    await reporter.report()  # due: written though the signals did not change
+    assert queue.progress[-1] == [("t1", 450)] and len(queue.reports) == 2
+
+
+async def test_progress_of_a_failed_write_goes_with_the_next(setup) -> None:
+    _, queue, clock, state = setup
+    past = {"now": [("t1", 300)]}
+    reporter = SignalReporter(queue, "r1", lambda: state["signals"], interval_s=0.05, heartbeat_s=5.0, clock=clock,
+                              sleep=clock.sleep, read_progress=lambda: past["now"], progress_interval_s=1.0)
+    queue.fail = True
+    with pytest.raises(ConnectionError):
+        await reporter.report()
+    queue.fail = False
+    past["now"] = []
+    await clock.advance(0.1)
+    await reporter.report()  # the progress it read is sent, though the next read is not due yet
+    assert queue.progress == [[("t1", 300)]]
+
+
+def test_tracker_reports_granted_requests_past_their_charge_once_per_rise() -> None:
+    tracker = RequestTracker()
+    granted = tracker.enter(20, ticket_id="t1", charged=150)
+    ungranted = tracker.enter(20)  # no grant (no queue): nothing to charge
+    assert tracker.progress({granted: 100, ungranted: 900}) == []  # within its estimate
+    assert tracker.progress({granted: 400}) == [("t1", 400)]
+    assert tracker.progress({granted: 400}) == []  # charged that much now
+    assert tracker.progress({granted: 390}) == []  # never less
+    assert tracker.progress({granted: 520, "fgr-unknown": 10**6}) == [("t1", 520)]
+    tracker.leave(granted)
+    assert tracker.progress({granted: 900}) == []
+
+
+class _State:
+    """What vllm_served reads of one of vLLM's RequestStates."""
+
+    def __init__(self, external_req_id: str, request_id: str, prompt_len: int, output: int, parent=None) -> None:
+        self.external_req_id, self.request_id, self.prompt_len, self.parent_req = (
+            external_req_id, request_id, prompt_len, parent)
+        self.detokenizer = type("Detokenizer", (), {"num_output_tokens": lambda _self: output})()
+        self.stats = None
+
+
+def test_served_counts_a_shared_prompt_once_and_each_prompt_of_a_batch() -> None:
+    from types import SimpleNamespace
+
+    from replicas.engine_signals import vllm_served
+
+    tracker = RequestTracker()
+    n_key, batch_key, other = tracker.enter(), tracker.enter(), "cmpl-not-ours"
+    parent = SimpleNamespace(request_id=f"chatcmpl-{n_key}")
+    states = [
+        _State(f"chatcmpl-{n_key}", f"0_chatcmpl-{n_key}", 30, 12, parent),  # n=2: one prompt, two outputs
+        _State(f"chatcmpl-{n_key}", f"1_chatcmpl-{n_key}", 30, 9, parent),
+        _State(f"cmpl-{batch_key}-0", f"cmpl-{batch_key}-0", 20, 5),  # a batch of two prompts
+        _State(f"cmpl-{batch_key}-1", f"cmpl-{batch_key}-1", 25, 7),
+        _State(other, other, 99, 99),
+    ]
+    engine = SimpleNamespace(output_processor=SimpleNamespace(request_states={s.request_id: s for s in states}))
+    assert vllm_served(tracker, engine) == {n_key: 30 + 12 + 9, batch_key: 20 + 5 + 25 + 7}
