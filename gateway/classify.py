@@ -28,9 +28,11 @@ class Classification:
 class RequestClassifier:
     """Counts prompt tokens and classifies requests for one model."""
 
-    def __init__(self, config: QueueConfig, model_path: str, max_sequences: int | None = None) -> None:
+    def __init__(self, config: QueueConfig, model_path: str, max_sequences: int | None = None,
+                 max_prompt_logprob_entries: int = 0) -> None:
         self._counter = PromptTokenCounter(model_path)
         self._max_sequences = max_sequences
+        self._max_prompt_logprob_entries = max_prompt_logprob_entries
         self._lengths = config.length_class_policy()
         self._default_output_tokens = config.default_output_tokens
         self._output = OutputBound(model_path, self._counter.tokenizer, config.default_output_tokens)
@@ -54,10 +56,25 @@ class RequestClassifier:
                        f"the prompt has {longest} tokens and {parsed.max_tokens or 1} more were requested")
             raise ContextLengthExceeded(f"This model's maximum context length is {max_model_len} tokens; {counted}.",
                                         param="messages" if parsed.endpoint == "chat" else "prompt")
+        self._check_prompt_logprobs(parsed, sum(prompts))
         output = self._output.expected(parsed.body, parsed.max_tokens)  # what the request may force
         cost = estimate_batch_cost(prompts, output, self._default_output_tokens,
                                    max_model_len or longest + self._default_output_tokens, parsed.sequences)
         return Classification(sum(prompts), self._lengths.classify(longest), cost)
+
+    def _check_prompt_logprobs(self, parsed: ParsedRequest, prompt_tokens: int) -> None:
+        # the engine computes log-probabilities over the vocabulary at every prompt position, and the replica
+        # turns each entry into text at once, while its other streams wait
+        limit, asked = self._max_prompt_logprob_entries, parsed.prompt_logprobs
+        if not limit or asked is None:
+            return
+        per_token = (len(self._counter.tokenizer) if asked == -1 else asked) + 1  # the prompt's own token, too
+        if prompt_tokens * per_token > limit:
+            param = "prompt_logprobs" if parsed.body.get("prompt_logprobs") is not None else "echo"
+            raise InvalidValue(
+                f"This request asks for {prompt_tokens * per_token} prompt log-probabilities ({prompt_tokens} prompt "
+                f"tokens x {per_token}); this gateway returns at most {limit} (gateway.max_prompt_logprob_entries). "
+                "Send a shorter prompt or fewer prompt_logprobs.", param=param)
 
     def _check_sequences(self, parsed: ParsedRequest) -> None:
         # the queue grants a request one sequence slot of one replica: a request of many sequences would fill

@@ -111,6 +111,13 @@ class GatewayDeploymentConfig(BaseModel):
         "then 400). The queue grants a request one sequence slot, so more would fill an engine past its grant. "
         "Default: the smallest `max_num_seqs` of the pools, what one engine runs at once.",
     )
+    max_prompt_logprob_entries: int = Field(
+        4096, ge=0, description="Most prompt log-probability entries a request may ask for: its prompt tokens "
+        "times one more than its `prompt_logprobs` (or, with `echo`, its `logprobs` / `top_logprobs`); then 400; "
+        "0: no limit. The engine computes the whole vocabulary's log-probabilities at every prompt position, and "
+        "its replica turns every entry into text before the first token: four 4,000-token prompts with "
+        "`prompt_logprobs: 1` at once stalled the local streams for 0.36-1.2 s.",
+    )
     max_structured_output_bytes: int = Field(
         32 << 10, ge=0, description="Largest structured-output spec a request may send, as JSON (its "
         "`response_format`, `structured_outputs`, and its `tools` where `tool_choice` forces one; then 400; 0: no "

@@ -56,6 +56,7 @@ class ParsedRequest:
     body_chars: int
     sequences: int = 1  # output sequences per prompt: n (the beam width with beam search)
     truncate_prompt_tokens: int | None = None  # vLLM keeps this many prompt tokens (-1: what the context holds)
+    prompt_logprobs: int | None = None  # top log-probabilities vLLM returns per prompt token (-1: the vocabulary)
 
     @property
     def engine_requests(self) -> int:
@@ -114,7 +115,17 @@ def parse_request(raw_body: bytes, endpoint: Endpoint, options: ClientOptions = 
         endpoint=endpoint, body=body, model=request.model or "", stream=bool(request.stream),
         max_tokens=max_tokens, body_chars=len(raw_body), sequences=max(1, getattr(request, "n", 1) or 1),
         truncate_prompt_tokens=getattr(request, "truncate_prompt_tokens", None),
+        prompt_logprobs=_prompt_logprobs(request),
     )
+
+
+def _prompt_logprobs(request: Any) -> int | None:
+    """The prompt log-probabilities vLLM computes for ``request``, as its ``to_sampling_params`` reads them:
+    ``prompt_logprobs``, or with ``echo`` the output's (``logprobs``; a chat's ``top_logprobs``)."""
+    asked = getattr(request, "prompt_logprobs", None)
+    if asked is None and getattr(request, "echo", False):
+        asked = getattr(request, "top_logprobs" if hasattr(request, "top_logprobs") else "logprobs", None)
+    return asked
 
 
 def _no_constant(name: str) -> float:

@@ -105,6 +105,21 @@ def test_a_structured_output_spec_over_the_limit_is_400(base_url: str, api_keys:
     assert response.status_code == 200, response.text[:300]
 
 
+def test_prompt_logprobs_past_the_limit_are_400_and_within_it_served(base_url: str, api_keys: dict) -> None:
+    """The engine computes log-probabilities at every prompt position and its replica turns each entry into
+    text at once, beside its streams: prompt tokens x (prompt_logprobs + 1) is bounded (4,096 by default)."""
+    headers = auth(api_keys["calm"])
+    body = {"model": TINY_MODEL_NAME, "prompt": "the fleet gateway routes tokens " * 400, "max_tokens": 1,
+            "prompt_logprobs": 1}
+    error = _error(httpx.post(f"{base_url}/v1/completions", json=body, headers=headers, timeout=60), 400,
+                   "invalid_value")
+    assert error["param"] == "prompt_logprobs" and "max_prompt_logprob_entries" in error["message"]
+    within = {**body, "prompt": "the fleet gateway routes tokens " * 20}
+    response = httpx.post(f"{base_url}/v1/completions", json=within, headers=headers, timeout=60)
+    assert response.status_code == 200, response.text[:300]
+    assert len(response.json()["choices"][0]["prompt_logprobs"]) == response.json()["usage"]["prompt_tokens"]
+
+
 def test_unknown_fields_are_ignored_as_vllm_does(base_url: str, api_keys: dict) -> None:
     body = {"model": TINY_MODEL_NAME, "prompt": "x", "max_tokens": 1, "no_such_option": {"a": 1}}
     assert httpx.post(f"{base_url}/v1/completions", json=body, headers=auth(api_keys["calm"]),
