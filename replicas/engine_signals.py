@@ -2,7 +2,8 @@
 
 A request is *unstarted* from the moment it reaches the replica until its engine produces its first
 token: in transit inside the replica (parsing, chat template, tokenising), waiting in the engine's queue, or
-still prefilling. That is the work the gate counts: a replica busy starting requests cannot start another
+still prefilling. Inside the engine each of its engine requests counts on its own (each prompt of a batch,
+each of ``n`` sequences): one grant of ``n`` = 8 whose first sequence started still has seven waiting. That is the work the gate counts: a replica busy starting requests cannot start another
 promptly, and a long prompt's prefill occupies the step budget for many steps.
 
 :class:`RequestTracker` follows the replica's own requests by a key the replica gives each one (it becomes
@@ -72,17 +73,20 @@ class RequestTracker:
         match = _KEY.search(engine_id)
         return match.group(0) if match and match.group(0) in self._started else None
 
-    def learn_tokens(self, key: str, prompt_tokens: int) -> None:
-        """The engine's prompt length, for a request that came without a count."""
-        if not self._tokens.get(key):
-            self._tokens[key] = prompt_tokens
-
     def mark_started(self, engine_ids: Iterable[str]) -> None:
         """Engine requests past their prefill."""
         for engine_id in engine_ids:
             key = self.key_of(engine_id)
             if key is not None:
                 self.started(key)
+
+    def unstarted_outside(self, keys: Iterable[str]) -> tuple[int, int]:
+        """The requests not started, and their prompt tokens (each up to the prefill chunk), that are not among
+        ``keys`` (those the engine holds: counted there, one engine request at a time)."""
+        chunk = self.prefill_chunk or float("inf")
+        held = set(keys)
+        waiting = [key for key, begun in self._started.items() if not begun and key not in held]
+        return len(waiting), int(sum(min(self._tokens[key], chunk) for key in waiting))
 
     @property
     def unstarted(self) -> int:
@@ -141,20 +145,27 @@ def _output_tokens(state: Any) -> int:
 
 def vllm_signals(tracker: RequestTracker, engine: Any, stats: Any | None) -> EngineSignals:
     """The signals of a vLLM engine: its last step's scheduler stats, and the replica's own requests checked
-    against the engine's request states (``is_prefilling`` until the first token).
+    against the engine's request states (``is_prefilling`` until the first token), each engine request on its
+    own; a request the engine does not hold yet counts once, by the gateway's count.
 
     An engine with no request left steps no more, so its last stats can still count a request aborted after
     that step (a client gone): with nothing unfinished, it holds nothing."""
     states = engine.output_processor.request_states
+    chunk = tracker.prefill_chunk or 1 << 62
+    in_engine: dict[str, list[int]] = {}  # key -> its engine requests not started, and their prompt tokens
     for state in states.values():
         key = tracker.key_of(getattr(state, "external_req_id", None) or state.request_id)
         if key is None:
             continue
-        if state.is_prefilling:
-            tracker.learn_tokens(key, state.prompt_len)
+        held = in_engine.setdefault(key, [0, 0])
+        if state.is_prefilling:  # waiting in the engine, or still prefilling
+            held[0] += 1
+            held[1] += min(state.prompt_len or 0, chunk)
         else:
             tracker.started(key)
-    mine = {"unstarted": tracker.unstarted, "unstarted_tokens": tracker.unstarted_tokens,
+    in_transit, in_transit_tokens = tracker.unstarted_outside(in_engine)
+    mine = {"unstarted": in_transit + sum(held[0] for held in in_engine.values()),
+            "unstarted_tokens": in_transit_tokens + sum(held[1] for held in in_engine.values()),
             "received": tracker.received}
     if stats is None or not states:
         return EngineSignals(**mine)

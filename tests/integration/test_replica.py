@@ -175,6 +175,31 @@ async def test_engine_signals_reach_the_queue_and_grants_are_acknowledged(replic
     assert (done.unstarted, done.in_flight) == (0, 0)
 
 
+async def test_sequences_of_a_grant_waiting_in_the_engine_count_as_not_started(replica,
+                                                                                 queue_config: QueueConfig) -> None:
+    """Two grants of n = 6 on an engine of 8 sequences: both requests have started a sequence, and four of the
+    second's wait in the engine. The queue sees those four (it used to see none: a request counted as started
+    with its first sequence), so its gate holds further work back."""
+    queue = _queue()
+    await _replica_state(queue_config, lambda s: s.fresh and s.running == 0 and s.unstarted == 0)
+    body = {"model": TINY_MODEL_NAME, "prompt": "x", "max_tokens": 4000, "ignore_eos": True, "n": 6, "stream": True}
+    calls = []
+    for ticket in ("t-fan-1", "t-fan-2"):
+        (grant,) = (await queue.enqueue(TicketSpec(ticket, "acme", "interactive", 10))).grants
+        calls.append(replica.options(stream=True).generate.remote("completion", body, granted_replica=grant.replica_id,
+                                                                  ticket_id=ticket))
+        assert (await calls[-1].__anext__())["stream"]
+    for call in calls:
+        await call.__anext__()  # a first token: each request has started a sequence
+    state = await _replica_state(queue_config, lambda s: s.running == 8)
+    assert (state.unstarted, state.waiting) == (4, 4)
+    for call in calls:
+        call.cancel()
+    for ticket in ("t-fan-1", "t-fan-2"):
+        await queue.complete(ticket, 10)
+    await _replica_state(queue_config, lambda s: s.running == 0 and s.unstarted == 0)
+
+
 async def test_signals_go_stale_without_reports_and_the_gate_falls_back(replica, queue_config: QueueConfig) -> None:
     # seen from 5 s on (explicit clock; inside the replica's 10 s lease), its last report is stale
     queue = global_queue(queue_config, aioredis.Redis.from_url(queue_config.redis_url))

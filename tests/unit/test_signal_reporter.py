@@ -236,3 +236,26 @@ def test_served_counts_a_shared_prompt_once_and_each_prompt_of_a_batch() -> None
     ]
     engine = SimpleNamespace(output_processor=SimpleNamespace(request_states={s.request_id: s for s in states}))
     assert vllm_served(tracker, engine) == {n_key: 30 + 12 + 9, batch_key: 20 + 5 + 25 + 7}
+
+
+def test_each_engine_request_of_a_grant_counts_until_it_starts() -> None:
+    """n = 4 with one sequence started still has three waiting in the engine; a batch of two prompts, both
+    waiting, is two; a request the engine does not hold yet (in transit) counts once, by the gateway's count."""
+    from types import SimpleNamespace
+
+    from replicas.engine_signals import vllm_signals
+
+    tracker = RequestTracker()
+    tracker.prefill_chunk = 64
+    fanned, batch, in_transit = tracker.enter(30), tracker.enter(200), tracker.enter(500)
+
+    def state(engine_id: str, prompt_len: int, prefilling: bool) -> SimpleNamespace:
+        return SimpleNamespace(external_req_id=engine_id, request_id=engine_id, prompt_len=prompt_len,
+                               is_prefilling=prefilling)
+
+    states = [state(f"{i}_chatcmpl-{fanned}", 30, i > 0) for i in range(4)]
+    states += [state(f"cmpl-{batch}-{i}", 100, True) for i in range(2)]
+    engine = SimpleNamespace(output_processor=SimpleNamespace(request_states={s.request_id: s for s in states}))
+    signals = vllm_signals(tracker, engine, None)
+    assert signals.unstarted == 3 + 2 + 1
+    assert signals.unstarted_tokens == 3 * 30 + 2 * 64 + 64  # each up to the prefill chunk
