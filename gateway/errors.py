@@ -176,8 +176,14 @@ def shown(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
+MAX_MESSAGE_CHARS = 1000  # vLLM's messages can quote the value at fault whole (a list of 10,000 bad words)
+
+
 def error_body(message: str, error_type: str, code: str | None, param: str | None = None) -> dict[str, Any]:
-    """An OpenAI-format error body."""
+    """An OpenAI-format error body; a message past MAX_MESSAGE_CHARS is cut there (the request's own value
+    quoted back, mostly)."""
+    if len(message) > MAX_MESSAGE_CHARS:
+        message = message[:MAX_MESSAGE_CHARS - 1] + "…"
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 
 

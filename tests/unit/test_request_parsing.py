@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from gateway.errors import GatewayError, InvalidJSON, InvalidRequest, from_vllm_error
+from gateway.errors import MAX_MESSAGE_CHARS, GatewayError, InvalidJSON, InvalidRequest, error_body, from_vllm_error
 from gateway.request_parsing import ClientOptions, parse_request
 
 
@@ -206,3 +206,12 @@ def test_a_422_names_the_field_at_fault_as_the_body_has_it(fields: dict, param: 
         parse_request(_chat(**fields), "chat")
     assert caught.value.param == param and says in caught.value.message
     assert caught.value.message.startswith(f"{param}: ")
+
+
+def test_an_error_quoting_a_huge_value_is_cut() -> None:
+    """vLLM's own messages quote the value at fault whole: 1,000 bad words came back as a 13 KB message."""
+    words = [f"zq{j:05d}xw" for j in range(10_000)]
+    body = error_body(f"Too many bad words after tokenization (value={words})", "invalid_request_error",
+                      "invalid_value", "bad_words")
+    assert len(body["error"]["message"]) == MAX_MESSAGE_CHARS and body["error"]["message"].endswith("\u2026")
+    assert error_body("short", "invalid_request_error", None)["error"]["message"] == "short"
