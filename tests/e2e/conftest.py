@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 import yaml
@@ -102,3 +103,19 @@ def base_url(tiny_model_path: Path, redis_url: str, tenants_file: Path, api_keys
                    env={"REDIS_URL": redis_url, "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"}, edit=for_tests,
                    ready=every_replica_up, ready_headers=auth(api_keys["calm"])) as url:
         yield url
+
+
+FIRST_DIRECT_PORT = 30000  # Ray Serve's RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT default
+
+
+@pytest.fixture(scope="module")
+def direct_urls(base_url: str) -> list[str]:
+    """The gateway replicas' own HTTP servers (Ray Serve hands ingress replicas ports from 30000 up)."""
+    found = []
+    for port in range(FIRST_DIRECT_PORT, FIRST_DIRECT_PORT + 8):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                found.append(f"http://127.0.0.1:{port}")
+        except httpx.TransportError:
+            continue
+    return found

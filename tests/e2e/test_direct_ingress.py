@@ -15,21 +15,6 @@ from tests.e2e.conftest import GATEWAY_REPLICAS, auth
 
 pytestmark = pytest.mark.e2e
 
-FIRST_PORT = 30000  # Ray Serve's RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT default
-
-
-@pytest.fixture(scope="module")
-def direct_urls(base_url: str) -> list[str]:
-    """The gateway replicas' own HTTP servers (Ray Serve hands ingress replicas ports from 30000 up)."""
-    found = []
-    for port in range(FIRST_PORT, FIRST_PORT + 8):
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                found.append(f"http://127.0.0.1:{port}")
-        except httpx.TransportError:
-            continue
-    return found
-
 
 def test_each_gateway_replica_answers_on_its_own_port(direct_urls: list[str], api_keys: dict) -> None:
     assert len(direct_urls) == GATEWAY_REPLICAS, direct_urls
