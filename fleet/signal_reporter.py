@@ -17,10 +17,10 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-Progress = list[tuple[str, int]]  # (ticket, tokens its engine has served so far)
-
 from fleet.queue import GlobalQueue
 from policies.types import EngineSignals
+
+Progress = list[tuple[str, int]]  # (ticket, tokens its engine has served so far)
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class SignalReporter:
         self._clock, self._sleep = clock, sleep
         self._read_progress, self._progress_interval_s = read_progress, progress_interval_s
         self._progress_read = float("-inf")
-        self._unsent_progress: Progress = []  # read, but its report failed: sent with the next one
+        self._unsent_progress: dict[str, int] = {}  # read, but its report failed: sent with the next one
         self._changed = asyncio.Event()
         self._arrived: list[str] = []
         self._last: tuple | None = None
@@ -101,7 +101,10 @@ class SignalReporter:
         """Write the signals now if they changed, tickets arrived, progress is due, or the heartbeat is."""
         signals = self._read()
         due = self._clock() - self._last_write >= self._heartbeat_s
-        progress, self._unsent_progress = self._unsent_progress + self._progress(), []
+        unsent, self._unsent_progress = self._unsent_progress, {}
+        for ticket_id, served in self._progress():  # a ticket's latest count supersedes an unsent one
+            unsent[ticket_id] = max(served, unsent.get(ticket_id, 0))
+        progress = list(unsent.items())
         if _digest(signals) == self._last and not self._arrived and not due and not progress:
             return
         arrived, self._arrived = self._arrived, []
@@ -109,7 +112,7 @@ class SignalReporter:
             await self._queue.report_signals(self._replica_id, signals, arrived, progress=progress)
         except BaseException:
             self._arrived = arrived + self._arrived  # named again in the next report
-            self._unsent_progress = progress  # counts served so far: sent late, it charges the same
+            self._unsent_progress = unsent  # counts served so far: sent late, it charges the same
             raise
         self._last, self._last_write = _digest(signals), self._clock()
         self.reports += 1

@@ -194,6 +194,17 @@ async def test_progress_of_a_failed_write_goes_with_the_next(setup) -> None:
     await clock.advance(0.1)
     await reporter.report()  # the progress it read is sent, though the next read is not due yet
     assert queue.progress == [[("t1", 300)]]
+    queue.fail = True  # Redis away for a while: each ticket's latest count is kept, once
+    for served in (500, 650):
+        past["now"] = [("t1", served), ("t2", served // 2)]
+        await clock.advance(1.0)
+        with pytest.raises(ConnectionError):
+            await reporter.report()
+    queue.fail = False
+    past["now"] = []
+    await clock.advance(1.0)
+    await reporter.report()
+    assert queue.progress[-1] == [("t1", 650), ("t2", 325)]
 
 
 def test_tracker_reports_granted_requests_past_their_charge_once_per_rise() -> None:
