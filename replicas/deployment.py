@@ -21,6 +21,7 @@ from replicas.engine_dtype import cpu_flags, engine_dtype
 from replicas.engine_signals import vllm_served, vllm_signals, vllm_step_hook
 from replicas.engine_settings import EngineSettings
 from replicas.engine_wait import SPIN_MS_ENV, plugin_registered
+from replicas.engine_warmup import warm_lazy_kernels
 from replicas.spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ class VLLMReplica(ReplicaBase):
         budget = settings.step_budget(spec.own_prompt_limit())
         self._engine, self._state = await _start_engine(settings, spec.model_path, spec.served_model_name,
                                                         vllm_step_hook(self._on_engine_step), budget)
+        await warm_lazy_kernels(self._engine)  # before any grant can reach it
         capacity = await self._join_fleet(settings.max_num_seqs, _kv_capacity_tokens(self._engine, settings),
                                           settings.max_num_batched_tokens, settings.long_prefill_token_threshold,
                                           publish_metrics=True)
