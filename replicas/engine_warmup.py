@@ -9,16 +9,23 @@ uses those paths runs here instead; a later start finds the kernels in the cache
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 WARMUP_REQUEST_ID = "fleetgate-warmup"  # not a replica key (replicas/engine_signals.py): no signal counts it
 
 
 async def warm_lazy_kernels(engine: Any) -> None:
     """Run one 3-token prompt for 2 tokens with sampled and prompt log-probabilities on ``engine`` (vLLM's
-    AsyncLLM)."""
+    AsyncLLM). A failure is logged, not raised: the replica serves anyway, and compiles on first use."""
     from vllm import SamplingParams
 
     params = SamplingParams(max_tokens=2, temperature=1.0, logprobs=1, prompt_logprobs=1)
-    async for _ in engine.generate({"prompt_token_ids": [1, 2, 3]}, params, WARMUP_REQUEST_ID):
-        pass
+    try:
+        async for _ in engine.generate({"prompt_token_ids": [1, 2, 3]}, params, WARMUP_REQUEST_ID):
+            pass
+    except Exception as exc:  # e.g. an engine configured to return no log-probabilities
+        logger.warning("engine warm-up failed (%s): the first request with log-probabilities compiles them",
+                       type(exc).__name__)

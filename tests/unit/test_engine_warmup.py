@@ -24,3 +24,12 @@ def test_the_warmup_asks_for_both_kinds_of_log_probabilities() -> None:
     assert params.logprobs == 1 and params.prompt_logprobs == 1 and params.temperature > 0
     assert len(prompt["prompt_token_ids"]) > 1 and params.max_tokens >= 1
     assert RequestTracker().key_of(request_id) is None and request_id == WARMUP_REQUEST_ID
+
+
+def test_a_failed_warmup_does_not_stop_the_replica() -> None:
+    class Refusing(_Engine):
+        async def generate(self, prompt, params, request_id):
+            raise ValueError("max_logprobs is 0")
+            yield  # an async generator
+
+    asyncio.run(warm_lazy_kernels(Refusing()))  # logged, not raised
