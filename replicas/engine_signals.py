@@ -3,8 +3,9 @@
 A request is *unstarted* from the moment it reaches the replica until its engine produces its first
 token: in transit inside the replica (parsing, chat template, tokenising), waiting in the engine's queue, or
 still prefilling. Inside the engine each of its engine requests counts on its own (each prompt of a batch,
-each of ``n`` sequences): one grant of ``n`` = 8 whose first sequence started still has seven waiting. That is the work the gate counts: a replica busy starting requests cannot start another
-promptly, and a long prompt's prefill occupies the step budget for many steps.
+each of ``n`` sequences): one grant of ``n`` = 8 whose first sequence started still has seven waiting. That
+is the work the gate counts: a replica busy starting requests cannot start another promptly, and a long
+prompt's prefill occupies the step budget for many steps.
 
 :class:`RequestTracker` follows the replica's own requests by a key the replica gives each one (it becomes
 the engine's request id, so no client chooses engine ids); :func:`vllm_step_hook` is a vLLM stat logger
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from policies.types import EngineSignals
@@ -80,24 +81,14 @@ class RequestTracker:
             if key is not None:
                 self.started(key)
 
-    def unstarted_outside(self, keys: Iterable[str]) -> tuple[int, int]:
-        """The requests not started, and their prompt tokens (each up to the prefill chunk), that are not among
-        ``keys`` (those the engine holds: counted there, one engine request at a time)."""
+    def unstarted(self, outside: Iterable[str] = ()) -> tuple[int, int]:
+        """The requests in progress that have produced nothing yet, and their prompt tokens (each up to the
+        engine's prefill chunk, what it can take of one step); those among ``outside`` left out (the ones the
+        engine holds: counted there, one engine request at a time)."""
         chunk = self.prefill_chunk or float("inf")
-        held = set(keys)
+        held = set(outside)
         waiting = [key for key, begun in self._started.items() if not begun and key not in held]
         return len(waiting), int(sum(min(self._tokens[key], chunk) for key in waiting))
-
-    @property
-    def unstarted(self) -> int:
-        """Requests in progress that have produced nothing yet."""
-        return sum(1 for begun in self._started.values() if not begun)
-
-    @property
-    def unstarted_tokens(self) -> int:
-        """Their prompt tokens, each up to the engine's prefill chunk (what it can take of one step)."""
-        chunk = self.prefill_chunk or float("inf")
-        return int(sum(min(self._tokens[key], chunk) for key, begun in self._started.items() if not begun))
 
 
 def vllm_step_hook(on_step: Callable[[Any], None]) -> type:
@@ -121,15 +112,20 @@ def vllm_step_hook(on_step: Callable[[Any], None]) -> type:
     return EngineStepHook
 
 
+def _own_states(tracker: RequestTracker, engine: Any) -> Iterator[tuple[str, Any]]:
+    """(key, request state) for each of the engine's requests that is one of the replica's own."""
+    for state in engine.output_processor.request_states.values():
+        key = tracker.key_of(getattr(state, "external_req_id", None) or state.request_id)
+        if key is not None:
+            yield key, state
+
+
 def vllm_served(tracker: RequestTracker, engine: Any) -> dict[str, int]:
     """Tokens the engine has served so far for each of the replica's requests in it (key -> prompt and output
     tokens, as vLLM's usage will count them: ``n`` > 1 shares one prompt; a batch of prompts has one each)."""
     prompts: dict[str, dict[str, int]] = {}
     outputs: dict[str, int] = {}
-    for state in engine.output_processor.request_states.values():
-        key = tracker.key_of(getattr(state, "external_req_id", None) or state.request_id)
-        if key is None:
-            continue
+    for key, state in _own_states(tracker, engine):
         parent = getattr(state, "parent_req", None)
         prompt_of = getattr(parent, "request_id", None) or state.request_id
         prompts.setdefault(key, {})[prompt_of] = state.prompt_len or 0
@@ -153,17 +149,14 @@ def vllm_signals(tracker: RequestTracker, engine: Any, stats: Any | None) -> Eng
     states = engine.output_processor.request_states
     chunk = tracker.prefill_chunk or 1 << 62
     in_engine: dict[str, list[int]] = {}  # key -> its engine requests not started, and their prompt tokens
-    for state in states.values():
-        key = tracker.key_of(getattr(state, "external_req_id", None) or state.request_id)
-        if key is None:
-            continue
+    for key, state in _own_states(tracker, engine):
         held = in_engine.setdefault(key, [0, 0])
         if state.is_prefilling:  # waiting in the engine, or still prefilling
             held[0] += 1
             held[1] += min(state.prompt_len or 0, chunk)
         else:
             tracker.started(key)
-    in_transit, in_transit_tokens = tracker.unstarted_outside(in_engine)
+    in_transit, in_transit_tokens = tracker.unstarted(outside=in_engine)
     mine = {"unstarted": in_transit + sum(held[0] for held in in_engine.values()),
             "unstarted_tokens": in_transit_tokens + sum(held[1] for held in in_engine.values()),
             "received": tracker.received}

@@ -121,12 +121,12 @@ async def test_arrivals_are_named_once_and_again_after_a_failed_write(setup) -> 
 def test_tracker_counts_requests_until_their_first_token() -> None:
     tracker = RequestTracker()
     a, b, c = tracker.enter(), tracker.enter(), tracker.enter()
-    assert tracker.unstarted == 3 and tracker.received == 3
+    assert tracker.unstarted()[0] == 3 and tracker.received == 3
     tracker.mark_started([f"chatcmpl-{a}", f"cmpl-{b}-0", "someone-else"])  # vLLM's ids carry the key
-    assert tracker.unstarted == 1
+    assert tracker.unstarted()[0] == 1
     tracker.leave(c)
     tracker.leave(a)
-    assert tracker.unstarted == 0 and tracker.received == 3
+    assert tracker.unstarted()[0] == 0 and tracker.received == 3
 
 
 class _Registration:
