@@ -106,6 +106,13 @@ class GatewayDeploymentConfig(BaseModel):
     max_body_bytes: int = Field(
         8 << 20, ge=1024, description="Largest request body accepted (then 413); bounds memory per request."
     )
+    dense_body_values: int = Field(
+        4096, ge=0, description="A body that could hold more JSON values than this (by its commas and brackets) "
+        "is parsed and validated in a child process of the gateway replica (about 650 MB), not beside its event "
+        "loop: JSON parsing and validation hold the GIL for the whole call, and a 2 MB chat of 60,000 content "
+        "parts held it for 0.8 s, stalling every stream the replica relays. 0: every body in the replica's own "
+        "process.",
+    )
     max_sequences_per_request: int | None = Field(
         None, ge=1, description="Most engine sequences one request may ask for (prompts of a batch times `n`; "
         "then 400). The queue grants a request one sequence slot, so more would fill an engine past its grant. "

@@ -24,6 +24,7 @@ from gateway.admission import QueueAdmission, admission_for
 from gateway.classify import RequestClassifier
 from gateway.config import AppConfig
 from gateway.errors import GatewayError, MethodNotAllowed, RouteNotFound, error_body
+from gateway.body_parser import BodyParser
 from gateway.lifecycle import RequestLifecycle
 from gateway.metrics import GatewayMetrics
 from gateway.metrics_render import render_fleet
@@ -74,6 +75,8 @@ class Gateway:
         self.metrics.tenants_file_stale.set_function(lambda: float(self._access.tenants.reload_failed is not None))
         self._settings = settings
         preload_protocol_models()
+        self._body_parser = BodyParser(settings.gateway.dense_body_values)
+        await self._body_parser.start()
         self._admission = admission_for(settings.queue, settings.pool_plan(), self.metrics)
         await self._admission.start()
         classifier = RequestClassifier(settings.queue, settings.model.path, settings.sequence_limit(),
@@ -81,7 +84,7 @@ class Gateway:
         self._lifecycle = RequestLifecycle(
             served_model_name=settings.model.name, max_body_bytes=settings.gateway.max_body_bytes,
             queue=settings.queue, access=self._access, classifier=classifier,
-            admission=self._admission, pools=self._pools, metrics=self.metrics,
+            admission=self._admission, pools=self._pools, metrics=self.metrics, body_parser=self._body_parser,
             client_options=ClientOptions(frozenset(settings.model.chat_template_options),
                                          frozenset(settings.model.extension_args),
                                          settings.gateway.max_structured_output_bytes),

@@ -34,7 +34,8 @@ from gateway.metrics import GatewayMetrics
 from gateway.model_listing import check_served
 from gateway.pools import Pools
 from gateway.relay import SettlingStreamingResponse, relay_lines
-from gateway.request_parsing import ClientOptions, Endpoint, ParsedRequest, parse_off_loop, read_body
+from gateway.body_parser import BodyParser
+from gateway.request_parsing import ClientOptions, Endpoint, ParsedRequest, read_body
 from gateway.response_headers import classification_headers
 from gateway.stages import Stages
 from replicas.base import MISROUTED, NO_GRANT
@@ -50,10 +51,11 @@ class RequestLifecycle:
 
     def __init__(self, *, served_model_name: str, max_body_bytes: int, queue: QueueConfig, access: Access,
                  classifier: RequestClassifier, admission: AdmissionStrategy, pools: Pools,
-                 metrics: GatewayMetrics, client_options: ClientOptions = ClientOptions(),
+                 metrics: GatewayMetrics, body_parser: BodyParser,
+                 client_options: ClientOptions = ClientOptions(),
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._served_model_name, self._max_body_bytes, self._queue = served_model_name, max_body_bytes, queue
-        self._client_options = client_options
+        self._client_options, self._body_parser = client_options, body_parser
         self._isolate_cache = access.config.isolate_prefix_cache
         self._access, self._classifier, self._admission = access, classifier, admission
         self._pools, self._metrics, self._clock = pools, metrics, clock
@@ -67,8 +69,8 @@ class RequestLifecycle:
             tenant = self._access.authenticate(request.headers)
             tenant_id = tenant.id
             self._admission.check_held(tenant.id)  # past its rate limit: refused before its body is read
-            parsed = await parse_off_loop(await read_body(request, self._max_body_bytes), endpoint,
-                                          self._client_options)
+            parsed = await self._body_parser.parse(await read_body(request, self._max_body_bytes), endpoint,
+                                                   self._client_options)
             stages.lap("parse")
             check_served(parsed.model, self._served_model_name, tenant)
             self._access.check_model(tenant, parsed.model)

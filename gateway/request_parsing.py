@@ -14,7 +14,6 @@ never one vLLM itself reads (those same transfer handles, the KV cache report mo
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections import Counter
 from dataclasses import dataclass
@@ -176,17 +175,6 @@ def _check_chat(body: dict[str, Any], template_options: frozenset[str]) -> None:
         if not isinstance(value, str | int | float | bool | None):
             raise InvalidValue(f"chat_template_kwargs: {key!r} must be a string, number, boolean or null.",
                                param="chat_template_kwargs")
-
-
-OFF_LOOP_ABOVE_BYTES = 64 << 10  # parsing and validating a body this large takes milliseconds
-
-
-async def parse_off_loop(raw_body: bytes, endpoint: Endpoint, options: ClientOptions = ClientOptions()) -> ParsedRequest:
-    """:func:`parse_request`, in a worker thread for a large body, so the gateway's event loop (every other
-    request, /health) never waits on one client's megabytes of JSON."""
-    if len(raw_body) > OFF_LOOP_ABOVE_BYTES:
-        return await asyncio.to_thread(parse_request, raw_body, endpoint, options)
-    return parse_request(raw_body, endpoint, options)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
