@@ -25,11 +25,19 @@ from gateway.request_parsing import ClientOptions, Endpoint, ParsedRequest, pars
 logger = logging.getLogger(__name__)
 
 ON_LOOP_UP_TO_BYTES = 64 << 10  # parsing and validating a body this small takes well under a millisecond
+BOUND_STEP_BYTES = 64 << 10
 
 
-def values_bound(raw_body: bytes) -> int:
-    """At least as many as the JSON values ``raw_body`` holds (commas and brackets inside strings count too)."""
-    return raw_body.count(b",") + raw_body.count(b"{") + raw_body.count(b"[") + 1
+def values_bound(raw_body: bytes, stop_above: int | None = None) -> int:
+    """At least as many as the JSON values ``raw_body`` holds (commas and brackets inside strings count too),
+    counted in 64 KiB steps and given up once past ``stop_above``: a dense body is known from its first step."""
+    total = 1
+    for start in range(0, len(raw_body), BOUND_STEP_BYTES):
+        end = start + BOUND_STEP_BYTES
+        total += sum(raw_body.count(mark, start, end) for mark in (b",", b"{", b"["))
+        if stop_above is not None and total > stop_above:
+            break
+    return total
 
 
 class BodyParser:
@@ -64,7 +72,8 @@ class BodyParser:
         """:func:`gateway.request_parsing.parse_request` of ``raw_body``, wherever it holds the loop least."""
         if len(raw_body) <= ON_LOOP_UP_TO_BYTES:
             return parse_request(raw_body, endpoint, options)
-        if not self._dense_values or values_bound(raw_body) <= self._dense_values or not self._ready.is_set():
+        if (not self._dense_values or not self._ready.is_set()
+                or values_bound(raw_body, stop_above=self._dense_values) <= self._dense_values):
             return await asyncio.to_thread(parse_request, raw_body, endpoint, options)
         # shielded: a client that leaves mid-exchange must not leave the pipe between a request and its answer
         exchange = asyncio.ensure_future(self._exchange(raw_body, endpoint, options))

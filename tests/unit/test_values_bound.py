@@ -33,3 +33,10 @@ def test_the_bound_is_never_below_the_values_held(body: object, compact: bool) -
 
 def test_a_long_prose_prompt_is_not_dense() -> None:
     assert values_bound(json.dumps({"model": "m", "prompt": "word " * 100_000}).encode()) < 10
+
+
+def test_counting_stops_past_the_limit_but_not_below_it() -> None:
+    raw = json.dumps([[1, 2]] * 200_000).encode()  # 1.4 MB, 600,001 values
+    assert values_bound(raw) >= 600_001
+    assert 4_096 < values_bound(raw, stop_above=4_096) < 40_000  # stopped within its first 64 KiB step
+    assert values_bound(raw, stop_above=10_000_000) == values_bound(raw)
