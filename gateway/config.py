@@ -113,6 +113,12 @@ class GatewayDeploymentConfig(BaseModel):
         "parts held it for 0.8 s, stalling every stream the replica relays. 0: every body in the replica's own "
         "process.",
     )
+    max_chat_items: int = Field(
+        4096, ge=0, description="Most messages, content parts and tool calls one chat may hold (then 400; 0: no "
+        "limit). Each costs 4-36 µs of validation holding the GIL, at the gateway and again on the replica's event "
+        "loop beside its streams, and a content part may render to no token, so the context does not bound them: "
+        "100,000 empty text parts would fit any context and stall the replica for over a second.",
+    )
     max_sequences_per_request: int | None = Field(
         None, ge=1, description="Most engine sequences one request may ask for (prompts of a batch times `n`; "
         "then 400). The queue grants a request one sequence slot, so more would fill an engine past its grant. "

@@ -87,7 +87,8 @@ class Gateway:
             admission=self._admission, pools=self._pools, metrics=self.metrics, body_parser=self._body_parser,
             client_options=ClientOptions(frozenset(settings.model.chat_template_options),
                                          frozenset(settings.model.extension_args),
-                                         settings.gateway.max_structured_output_bytes),
+                                         settings.gateway.max_structured_output_bytes,
+                                         settings.gateway.max_chat_items),
         )
         self._board: MetricsBoard | None = None
         self._publisher: MetricsPublisher | None = None

@@ -156,11 +156,14 @@ def test_health_stays_quick_while_abusive_bodies_arrive(direct_urls: list[str], 
     import json
     import time
 
-    abusive = [  # each near the 8 MiB limit: a prompt of words, and a chat of thousands of messages
+    abusive = [  # a prompt of words near the 8 MiB limit, a chat of thousands of messages (over the items limit:
+        # refused before validation), and one of as many content parts as it allows (validated, then too long)
         ("/v1/completions", {"model": TINY_MODEL_NAME, "prompt": "word " * 1_600_000, "max_tokens": 1}),
         ("/v1/chat/completions",
          {"model": TINY_MODEL_NAME, "max_tokens": 1, "messages": [{"role": "user", "content": "hi " * 20}] * 60_000}),
-    ] * 2
+        ("/v1/chat/completions", {"model": TINY_MODEL_NAME, "max_tokens": 1, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "hi " * 5}] * 4_095}]}),
+    ]
     encoded = [(path, json.dumps(body).encode()) for path, body in abusive]
     headers = {**auth(api_keys["calm"]), "content-type": "application/json"}
     samples = 12

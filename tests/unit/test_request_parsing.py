@@ -215,3 +215,24 @@ def test_an_error_quoting_a_huge_value_is_cut() -> None:
                       "invalid_value", "bad_words")
     assert len(body["error"]["message"]) == MAX_MESSAGE_CHARS and body["error"]["message"].endswith("\u2026")
     assert error_body("short", "invalid_request_error", None)["error"]["message"] == "short"
+
+
+@pytest.mark.parametrize("messages", [
+    [{"role": "user", "content": "hi"}] * 4097,
+    [{"role": "user", "content": [{"type": "text", "text": ""}] * 4096}],  # empty parts: no token, same cost
+    [{"role": "user", "content": "hi"}] + [{"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}] * 2048}] * 2,
+], ids=["messages", "content-parts", "tool-calls"])
+def test_a_chat_of_more_items_than_the_limit_is_400_before_validation(messages: list) -> None:
+    """Validating each costs the GIL at the gateway and on the replica's event loop, and an empty part renders
+    to nothing, so the context does not bound them."""
+    from gateway.errors import InvalidValue
+
+    limited = ClientOptions(chat_items=4096)
+    with pytest.raises(InvalidValue) as caught:
+        parse_request(_chat(messages=messages), "chat", limited)
+    assert caught.value.status == 400 and caught.value.param == "messages"
+    assert "gateway.max_chat_items" in caught.value.message
+    at_the_limit = [{"role": "user", "content": [{"type": "text", "text": "x"}] * 4095}]  # 4,096 items
+    assert parse_request(_chat(messages=at_the_limit), "chat", limited).body
+    assert parse_request(_chat(messages=messages), "chat", ClientOptions()).body  # 0: no limit
