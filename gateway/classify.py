@@ -29,10 +29,11 @@ class RequestClassifier:
     """Counts prompt tokens and classifies requests for one model."""
 
     def __init__(self, config: QueueConfig, model_path: str, max_sequences: int | None = None,
-                 max_prompt_logprob_entries: int = 0) -> None:
+                 max_prompt_logprob_entries: int = 0, max_output_logprob_entries: int = 0) -> None:
         self._counter = PromptTokenCounter(model_path)
         self._max_sequences = max_sequences
         self._max_prompt_logprob_entries = max_prompt_logprob_entries
+        self._max_output_logprob_entries = max_output_logprob_entries
         self._lengths = config.length_class_policy()
         self._default_output_tokens = config.default_output_tokens
         self._output = OutputBound(model_path, self._counter.tokenizer, config.default_output_tokens)
@@ -58,6 +59,7 @@ class RequestClassifier:
                                         param="messages" if parsed.endpoint == "chat" else "prompt")
         self._check_prompt_logprobs(parsed, sum(prompts))
         output = self._output.expected(parsed.body, parsed.max_tokens)  # what the request may force
+        self._check_output_logprobs(parsed, min(output, max_model_len - longest) if max_model_len else output)
         cost = estimate_batch_cost(prompts, output, self._default_output_tokens,
                                    max_model_len or longest + self._default_output_tokens, parsed.sequences)
         return Classification(sum(prompts), self._lengths.classify(longest), cost)
@@ -75,6 +77,23 @@ class RequestClassifier:
                 f"This request asks for {prompt_tokens * per_token} prompt log-probabilities ({prompt_tokens} prompt "
                 f"tokens x {per_token}); this gateway returns at most {limit} (gateway.max_prompt_logprob_entries). "
                 "Send a shorter prompt or fewer prompt_logprobs.", param=param)
+
+    def _check_output_logprobs(self, parsed: ParsedRequest, output_tokens: int) -> None:
+        # a reply that is not streamed is built whole at its end, every entry turned into text and sent across
+        # Ray at once, while the replica's other streams wait; a stream spreads the same work over its chunks
+        limit, asked = self._max_output_logprob_entries, parsed.output_logprobs
+        if not limit or asked is None or parsed.stream:
+            return
+        per_token = (len(self._counter.tokenizer) if asked == -1 else asked) + 1  # the sampled token, too
+        entries = output_tokens * per_token * parsed.engine_requests
+        if entries > limit:
+            sequences = f" x {parsed.engine_requests} sequences" if parsed.engine_requests > 1 else ""
+            param = "top_logprobs" if parsed.body.get("top_logprobs") else "logprobs"
+            raise InvalidValue(
+                f"This reply may carry {entries} log-probabilities ({output_tokens} output tokens x {per_token}"
+                f"{sequences}); this gateway returns at most {limit} in a reply that is not streamed "
+                "(gateway.max_output_logprob_entries). Stream it, or ask for fewer tokens (max_tokens) or fewer "
+                "log-probabilities.", param=param)
 
     def _check_sequences(self, parsed: ParsedRequest) -> None:
         # the queue grants a request one sequence slot of one replica: a request of many sequences would fill

@@ -80,7 +80,8 @@ class Gateway:
         self._admission = admission_for(settings.queue, settings.pool_plan(), self.metrics)
         await self._admission.start()
         classifier = RequestClassifier(settings.queue, settings.model.path, settings.sequence_limit(),
-                                       settings.gateway.max_prompt_logprob_entries)
+                                       settings.gateway.max_prompt_logprob_entries,
+                                       settings.gateway.max_output_logprob_entries)
         self._lifecycle = RequestLifecycle(
             served_model_name=settings.model.name, max_body_bytes=settings.gateway.max_body_bytes,
             queue=settings.queue, access=self._access, classifier=classifier,

@@ -57,6 +57,7 @@ class ParsedRequest:
     sequences: int = 1  # output sequences per prompt: n (the beam width with beam search)
     truncate_prompt_tokens: int | None = None  # vLLM keeps this many prompt tokens (-1: what the context holds)
     prompt_logprobs: int | None = None  # top log-probabilities vLLM returns per prompt token (-1: the vocabulary)
+    output_logprobs: int | None = None  # top log-probabilities vLLM returns per output token (-1: the vocabulary)
 
     @property
     def engine_requests(self) -> int:
@@ -117,7 +118,7 @@ def parse_request(raw_body: bytes, endpoint: Endpoint, options: ClientOptions = 
         endpoint=endpoint, body=body, model=request.model or "", stream=bool(request.stream),
         max_tokens=max_tokens, body_chars=len(raw_body), sequences=max(1, getattr(request, "n", 1) or 1),
         truncate_prompt_tokens=getattr(request, "truncate_prompt_tokens", None),
-        prompt_logprobs=_prompt_logprobs(request),
+        prompt_logprobs=_prompt_logprobs(request), output_logprobs=_output_logprobs(request),
     )
 
 
@@ -128,6 +129,14 @@ def _prompt_logprobs(request: Any) -> int | None:
     if asked is None and getattr(request, "echo", False):
         asked = getattr(request, "top_logprobs" if hasattr(request, "top_logprobs") else "logprobs", None)
     return asked
+
+
+def _output_logprobs(request: Any) -> int | None:
+    """The top log-probabilities vLLM returns per output token: a completion's ``logprobs``; with a chat's
+    ``logprobs: true``, its ``top_logprobs`` (0 by default: the sampled token's own)."""
+    if hasattr(request, "top_logprobs"):
+        return (request.top_logprobs or 0) if request.logprobs else None
+    return getattr(request, "logprobs", None)
 
 
 def _no_constant(name: str) -> float:

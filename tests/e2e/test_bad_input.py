@@ -120,6 +120,24 @@ def test_prompt_logprobs_past_the_limit_are_400_and_within_it_served(base_url: s
     assert len(response.json()["choices"][0]["prompt_logprobs"]) == response.json()["usage"]["prompt_tokens"]
 
 
+def test_output_logprobs_past_the_limit_are_400_unless_streamed(base_url: str, api_keys: dict) -> None:
+    """A reply that is not streamed is built whole at its end, beside the replica's streams: its output tokens
+    x (logprobs + 1) x sequences is bounded (4,096 by default); a stream spreads the same work and is served."""
+    headers = auth(api_keys["calm"])
+    body = {"model": TINY_MODEL_NAME, "prompt": "once upon a time", "max_tokens": 400, "logprobs": 20}
+    error = _error(httpx.post(f"{base_url}/v1/completions", json=body, headers=headers, timeout=60), 400,
+                   "invalid_value")
+    assert error["param"] == "logprobs" and "max_output_logprob_entries" in error["message"]
+    within = {**body, "max_tokens": 8}
+    response = httpx.post(f"{base_url}/v1/completions", json=within, headers=headers, timeout=60)
+    assert response.status_code == 200, response.text[:300]
+    assert len(response.json()["choices"][0]["logprobs"]["top_logprobs"]) == response.json()["usage"]["completion_tokens"]
+    with httpx.stream("POST", f"{base_url}/v1/completions", json={**body, "stream": True},
+                      headers=headers, timeout=60) as streamed:
+        assert streamed.status_code == 200
+        assert any(line.startswith("data: {") for line in streamed.iter_lines())
+
+
 def test_unknown_fields_are_ignored_as_vllm_does(base_url: str, api_keys: dict) -> None:
     body = {"model": TINY_MODEL_NAME, "prompt": "x", "max_tokens": 1, "no_such_option": {"a": 1}}
     assert httpx.post(f"{base_url}/v1/completions", json=body, headers=auth(api_keys["calm"]),
