@@ -12,15 +12,23 @@ from gateway.smallest_first import SmallestFirstLock
 pytestmark = pytest.mark.timeout(20)
 
 
-async def test_the_smallest_waiter_goes_next() -> None:
-    lock, order = SmallestFirstLock(), []
-    release = asyncio.Event()
+def _job(lock: SmallestFirstLock, order: list[str]):
+    """A job that records when it holds the lock, and holds it until ``hold`` is set (if given)."""
 
     async def job(name: str, size: int, hold: asyncio.Event | None = None) -> None:
         async with lock.turn(size):
             order.append(name)
             if hold is not None:
                 await hold.wait()
+
+    return job
+
+
+async def test_the_smallest_waiter_goes_next() -> None:
+    lock, order = SmallestFirstLock(), []
+    release = asyncio.Event()
+
+    job = _job(lock, order)
 
     first = asyncio.create_task(job("holder", 9, release))
     await asyncio.sleep(0)
@@ -36,11 +44,7 @@ async def test_a_waiter_cancelled_as_its_turn_comes_passes_the_lock_on() -> None
     lock, order = SmallestFirstLock(), []
     release = asyncio.Event()
 
-    async def job(name: str, size: int, hold: asyncio.Event | None = None) -> None:
-        async with lock.turn(size):
-            order.append(name)
-            if hold is not None:
-                await hold.wait()
+    job = _job(lock, order)
 
     holder = asyncio.create_task(job("holder", 1, release))
     await asyncio.sleep(0)
