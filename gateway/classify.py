@@ -70,7 +70,7 @@ class RequestClassifier:
         limit, asked = self._max_prompt_logprob_entries, parsed.prompt_logprobs
         if not limit or asked is None:
             return
-        per_token = (len(self._counter.tokenizer) if asked == -1 else asked) + 1  # the prompt's own token, too
+        per_token = self._entries_per_token(asked)  # the prompt's own token, too
         if prompt_tokens * per_token > limit:
             param = "prompt_logprobs" if parsed.body.get("prompt_logprobs") is not None else "echo"
             raise InvalidValue(
@@ -84,7 +84,7 @@ class RequestClassifier:
         limit, asked = self._max_output_logprob_entries, parsed.output_logprobs
         if not limit or asked is None or parsed.stream:
             return
-        per_token = (len(self._counter.tokenizer) if asked == -1 else asked) + 1  # the sampled token, too
+        per_token = self._entries_per_token(asked)  # the sampled token, too
         entries = output_tokens * per_token * parsed.engine_requests
         if entries > limit:
             sequences = f" x {parsed.engine_requests} sequences" if parsed.engine_requests > 1 else ""
@@ -94,6 +94,10 @@ class RequestClassifier:
                 f"{sequences}); this gateway returns at most {limit} in a reply that is not streamed "
                 "(gateway.max_output_logprob_entries). Stream it, or ask for fewer tokens (max_tokens) or fewer "
                 "log-probabilities.", param=param)
+
+    def _entries_per_token(self, top: int) -> int:
+        """Entries vLLM returns per token for ``top`` log-probabilities (-1: the vocabulary), the token's own too."""
+        return (len(self._counter.tokenizer) if top == -1 else top) + 1
 
     def _check_sequences(self, parsed: ParsedRequest) -> None:
         # the queue grants a request one sequence slot of one replica: a request of many sequences would fill
