@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from gateway.chat_rendering import build_chat_renderer
 from gateway.errors import InvalidValue
 from gateway.request_parsing import ParsedRequest, prompts_of
 
@@ -26,6 +27,7 @@ class PromptTokenCounter:
         from transformers import AutoTokenizer
 
         self._tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self._chat_renderer = build_chat_renderer(model_path)
         # no token covers more characters of text than its own string has (vLLM's max_chars_per_token)
         self._max_chars_per_token = max((len(token) for token in self._tokenizer.get_vocab()), default=1)
 
@@ -59,20 +61,26 @@ class PromptTokenCounter:
                                param=param) from None
 
     def _chat_tokens(self, body: dict[str, Any], within: int | None) -> int:
-        # what vLLM renders: the messages with the tools and documents the template reads, and the allowed
-        # options (request parsing refused any other); the keyword arguments that steer the rendering itself
-        # are the gateway's, set after the client's so no option can replace them. Rendered to text, then
-        # tokenized without special tokens unless the request asks for them, as vLLM does.
+        # what vLLM renders (gateway/chat_rendering.py), then tokenized without special tokens unless the
+        # request asks for them, as vLLM does
+        rendered = self._chat_renderer.render(body) if self._chat_renderer is not None else None
+        if isinstance(rendered, list):  # a template option had vLLM tokenize it
+            return len(rendered)
+        text = rendered if rendered is not None else self._template_as_sent(body)
+        return self._text_tokens(text, within, bool(body.get("add_special_tokens", False)), "messages")
+
+    def _template_as_sent(self, body: dict[str, Any]) -> str:
+        # the model's template on the messages as sent, with the allowed options; the keyword arguments that
+        # steer the rendering itself are the gateway's, set after the client's so no option can replace them
         options = {**(body.get("chat_template_kwargs") or {}), "tokenize": False,
                    "add_generation_prompt": body.get("add_generation_prompt", True),
                    "continue_final_message": body.get("continue_final_message", False)}
         try:
-            text = self._tokenizer.apply_chat_template(
+            return self._tokenizer.apply_chat_template(
                 body["messages"], tools=body.get("tools"), documents=body.get("documents"), **options)
         except Exception as exc:  # the model's template refuses these messages (roles, order, content)
             raise InvalidValue(f"messages: the model's chat template cannot render them ({type(exc).__name__}: "
                                f"{str(exc)[:200]}).", param="messages") from None
-        return self._text_tokens(text, within, bool(body.get("add_special_tokens", False)), "messages")
 
     def _completion_tokens(self, prompt: Any, within: int | None, special: bool = True) -> int:
         if isinstance(prompt, str):

@@ -114,6 +114,18 @@ def test_prompt_tokens_equal_vllms_own_count(base_url: str, api_keys: dict) -> N
     assert with_tools.status_code == 200, with_tools.text
     counted = int(with_tools.headers["x-fleetgate-prompt-tokens"])
     assert counted == with_tools.json()["usage"]["prompt_tokens"] and counted > 100
+    # an agent's turn as vLLM prepares it: no content beside tool calls, arguments as an object, a tool result
+    # in parts, and a tool whose description vLLM's protocol dumps as null
+    call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"id": "42"}'}}
+    agent = httpx.post(f"{base_url}/v1/chat/completions", headers=auth(api_keys["calm"]), timeout=60, json={
+        "model": TINY_MODEL_NAME, "max_tokens": 2, "tool_choice": "none",
+        "tools": [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}],
+        "messages": [{"role": "user", "content": "Find 42."}, {"role": "assistant", "content": None, "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "found"},
+                                                                        {"type": "text", "text": "it"}]}],
+    })
+    assert agent.status_code == 200, agent.text
+    assert int(agent.headers["x-fleetgate-prompt-tokens"]) == agent.json()["usage"]["prompt_tokens"]
 
 
 def test_fan_out_is_in_the_estimate_and_a_batch_is_checked_prompt_by_prompt(base_url: str, api_keys: dict) -> None:

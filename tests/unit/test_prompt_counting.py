@@ -42,7 +42,8 @@ def _count(counter: PromptTokenCounter, body: dict, endpoint: str, within: int |
     {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}],
      "continue_final_message": True, "add_generation_prompt": False},
     {"messages": [{"role": "user", "content": "weather?"}],
-     "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]},
+     "tools": [{"type": "function", "function": {"name": "f", "description": "find",
+                                                 "parameters": {"type": "object"}}}]},
 ], ids=["one", "several", "continue", "tools"])
 def test_a_chat_counts_what_the_template_tokenizes(counter: PromptTokenCounter, tiny_model_path: Path,
                                                    body: dict) -> None:

@@ -1,0 +1,118 @@
+"""A chat is counted as vLLM prepares it for its template (gateway/chat_rendering.py), not as the client sent
+it: list content against a string template, ``content: null`` beside tool calls, tool-call arguments, tool
+results in parts and tools as vLLM's protocol dumps them. Each expectation below writes vLLM's preparation out
+by hand, so a count of the raw messages fails it."""
+
+import asyncio
+import copy
+import json
+import shutil
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway import chat_rendering
+from gateway.errors import InvalidValue
+from gateway.request_parsing import parse_request
+from gateway.tokens import PromptTokenCounter
+
+STRING_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+                   "message['content'] + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
+                   "{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def counter(tiny_model_path: Path) -> PromptTokenCounter:
+    return PromptTokenCounter(str(tiny_model_path))
+
+
+def _count(counter: PromptTokenCounter, body: dict) -> int:
+    [tokens] = asyncio.run(counter.count(parse_request(json.dumps({"model": "m", **body}).encode(), "chat")))
+    return tokens
+
+
+def _template_tokens(counter: PromptTokenCounter, messages: list[dict], **options: Any) -> int:
+    return len(counter.tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False,
+                                                     add_generation_prompt=True, **options))
+
+
+def test_an_agent_turn_is_counted_as_vllm_prepares_it(counter: PromptTokenCounter) -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    body = {"messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},  # the template iterates no content parts
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "sunny"},
+                                                           {"type": "text", "text": "20C"}]},
+    ]}
+    sent = copy.deepcopy(body)
+    prepared = [
+        {"role": "user", "content": [{"type": "text", "text": "weather?"}]},
+        {"role": "assistant", "content": [], "tool_calls": [
+            {**call, "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny\n20C"},
+    ]
+    assert _count(counter, body) == _template_tokens(counter, prepared)
+    assert body == sent  # forwarded to the replica as the client sent it
+
+
+def test_tools_are_counted_as_vllms_protocol_dumps_them(counter: PromptTokenCounter) -> None:
+    # a tool without a description renders with "description": null on the replica: 95 tokens there, 84 when
+    # the raw tools were rendered
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    messages = [{"role": "user", "content": "weather?"}]
+    dumped = [{"type": "function", "function": {"name": "f", "description": None, "parameters": {"type": "object"}}}]
+    counted = _count(counter, {"messages": messages, "tools": [tool], "tool_choice": "none"})
+    assert counted == _template_tokens(counter, messages, tools=dumped)
+    assert counted > _template_tokens(counter, messages, tools=[tool])
+
+
+def test_a_string_template_sees_text_parts_joined_by_newlines(tiny_model_path: Path, tmp_path: Path) -> None:
+    model = tmp_path / "string-template-model"
+    shutil.copytree(tiny_model_path, model)
+    (model / "chat_template.jinja").write_text(STRING_TEMPLATE)
+    counter = PromptTokenCounter(str(model))
+    parts = [{"type": "text", "text": "hello"}, {"type": "text", "text": "world"}]
+    assert _count(counter, {"messages": [{"role": "user", "content": parts}]}) == \
+        _template_tokens(counter, [{"role": "user", "content": "hello\nworld"}])
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    fetched: list[str] = []
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        self.fetched.append(self.path)
+        self.send_response(404)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_media_for_a_text_only_model_is_a_400_and_never_fetched(counter: PromptTokenCounter) -> None:
+    server = HTTPServer(("127.0.0.1", 0), _Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/internal.png"
+    try:
+        with pytest.raises(InvalidValue) as caught:
+            _count(counter, {"messages": [{"role": "user", "content": [
+                {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": url}}]}]})
+    finally:
+        server.shutdown()
+    assert caught.value.param == "messages" and "not a multimodal model" in caught.value.message
+    assert _Recorder.fetched == []
+
+
+def test_without_vllms_renderer_the_template_sees_the_messages_as_sent(tiny_model_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    def unreadable(model_path: str) -> None:
+        raise ValueError("this model needs trust_remote_code")
+
+    monkeypatch.setattr(chat_rendering, "VllmChatRenderer", unreadable)
+    counter = PromptTokenCounter(str(tiny_model_path))
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    messages = [{"role": "user", "content": "weather?"}]
+    assert _count(counter, {"messages": messages, "tools": [tool]}) == \
+        _template_tokens(counter, messages, tools=[tool])
