@@ -80,7 +80,10 @@ class _Fields:
     def __getattr__(self, name: str) -> Any:
         if name in self._body:
             return self._body[name]
-        return self._model.model_fields[name].get_default(call_default_factory=True)
+        field = self._model.model_fields.get(name)
+        if field is None:  # a vLLM that reads more than fields here fails the warm-up: the renderer is not used
+            raise AttributeError(name)
+        return field.get_default(call_default_factory=True)
 
 
 def _unshared(messages: list[Any]) -> list[Any]:

@@ -116,3 +116,16 @@ def test_without_vllms_renderer_the_template_sees_the_messages_as_sent(tiny_mode
     messages = [{"role": "user", "content": "weather?"}]
     assert _count(counter, {"messages": messages, "tools": [tool]}) == \
         _template_tokens(counter, messages, tools=[tool])
+
+
+def test_a_vllm_whose_chat_parameters_read_more_than_fields_is_not_used(tiny_model_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The request's fields are read without validating again; a vLLM that reads anything else fails the
+    renderer's warm-up at start, so the gateway falls back instead of answering every chat with a 400."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    def reads_a_method(self: Any, template: Any, content_format: Any) -> Any:
+        return self.some_helper()
+
+    monkeypatch.setattr(ChatCompletionRequest, "build_chat_params", reads_a_method)
+    assert chat_rendering.build_chat_renderer(str(tiny_model_path)) is None
