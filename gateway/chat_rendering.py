@@ -6,8 +6,10 @@ as a string or as a list of parts, and for a string template joins the text part
 parts, folds ``developer`` into ``system`` where the template lacks that role, and passes the request's tools
 as its protocol models dump them. A template applied to the raw messages misses each of these: it can
 refuse an ordinary agent turn (an assistant message with tool calls and no content) or count a list against
-a string template as its Python text. So the gateway renders with vLLM's own renderer, built for the same
-model folder, and only tokenizes the text itself (bounded by the context, gateway/tokens.py).
+a string template as its Python text. So the gateway renders with vLLM's own renderer, built from the
+replicas' own engine arguments (the model folder, and what an operator adds in ``engine.extra_args``: a
+``--chat-template``, its content format, default template options, a tokenizer), and only tokenizes the
+text itself (bounded by the context, gateway/tokens.py).
 
 Media are never fetched here. A model without a multimodal config refuses media parts, as vLLM does; for a
 multimodal model the messages go to the template as sent, without the media's tokens (an undercount, which
@@ -26,15 +28,24 @@ logger = logging.getLogger(__name__)
 
 
 class VllmChatRenderer:
-    """vLLM's chat renderer for one model folder, with the defaults of vLLM's OpenAI server."""
+    """vLLM's chat renderer, set up as the replicas' vLLM OpenAI server sets up its own."""
 
-    def __init__(self, model_path: str) -> None:
-        from vllm.config import ModelConfig, VllmConfig
+    def __init__(self, engine_args: list[str]) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+        from vllm.renderers.chat_utils import load_chat_template
         from vllm.renderers.registry import renderer_from_config
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+        from vllm.config import VllmConfig
 
-        config = VllmConfig(model_config=ModelConfig(model=model_path, tokenizer=model_path))
+        args = make_arg_parser(FlexibleArgumentParser()).parse_args(engine_args)
+        config = VllmConfig(model_config=AsyncEngineArgs.from_cli_args(args).create_model_config())
         self._renderer = renderer_from_config(config)
         self.multimodal = config.model_config.multimodal_config is not None
+        self._template = load_chat_template(args.chat_template)  # as vLLM's init_app_state loads it
+        self._content_format = args.chat_template_content_format
+        self._default_options = args.default_chat_template_kwargs
+        self._exclude_tools_when_none = args.exclude_tools_when_tool_choice_none
         self.render({"messages": [{"role": "user", "content": "warm up"}]})  # resolves and compiles the template
 
     def render(self, body: dict[str, Any]) -> str | list[int] | None:
@@ -44,6 +55,7 @@ class VllmChatRenderer:
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest, ChatCompletionToolsParam
         from vllm.exceptions import VLLMClientError
         from vllm.renderers.chat_utils import has_non_text_content
+        from vllm.renderers.params import merge_kwargs
 
         if has_non_text_content(body["messages"]):
             if self.multimodal:
@@ -51,11 +63,16 @@ class VllmChatRenderer:
             raise InvalidValue(f"messages: {body.get('model') or 'this model'} is not a multimodal model; send "
                                "text content parts only.", param="messages")
 
-        # the chat parameters exactly as vLLM's serving layer builds them (OnlineRenderer.preprocess_chat)
+        # the chat parameters exactly as vLLM's serving layer builds them (OnlineRenderer.render_chat and
+        # preprocess_chat)
         tools = body.get("tools")
-        dumped = [ChatCompletionToolsParam.model_validate(tool).model_dump() for tool in tools] if tools else None
-        params = ChatCompletionRequest.build_chat_params(_Fields(body, ChatCompletionRequest), None, "auto")
-        params = params.with_defaults({"tools": dumped, "tokenize": False})
+        if tools and not (body.get("tool_choice") == "none" and self._exclude_tools_when_none):
+            dumped = [ChatCompletionToolsParam.model_validate(tool).model_dump() for tool in tools]
+        else:
+            dumped = None
+        params = ChatCompletionRequest.build_chat_params(_Fields(body, ChatCompletionRequest), self._template,
+                                                         self._content_format)
+        params = params.with_defaults(merge_kwargs(self._default_options, {"tools": dumped, "tokenize": False}))
         try:
             _, prompt = self._renderer.render_messages(_unshared(body["messages"]), params)
         except VLLMClientError as exc:  # the template refused these messages, or a part vLLM takes from no one
@@ -92,12 +109,18 @@ def _unshared(messages: list[Any]) -> list[Any]:
             if isinstance(message, dict) and message.get("tool_calls") else message for message in messages]
 
 
-def build_chat_renderer(model_path: str) -> VllmChatRenderer | None:
-    """vLLM's renderer for ``model_path``, or None (logged) where vLLM cannot build one here: the gateway then
-    applies the model's template to the messages as sent, an approximation of what the engine renders."""
-    try:
-        return VllmChatRenderer(model_path)
-    except Exception as exc:  # a model vLLM reads only with engine options the gateway does not have
-        logger.warning("vLLM's chat renderer could not be built for the model (%s: %s); chats are counted with "
-                       "its template applied to the messages as sent", type(exc).__name__, str(exc)[:200])
-        return None
+def build_chat_renderer(model_path: str, engine_args: list[str] | None = None) -> VllmChatRenderer | None:
+    """vLLM's renderer as the replicas started with ``engine_args`` (vLLM CLI arguments; None: the model
+    folder's defaults) render, or without the arguments where vLLM cannot read them here (a path only the
+    replicas' nodes have); None where vLLM cannot build one at all (logged): the gateway then applies the
+    model's template to the messages as sent, an approximation of what the engine renders."""
+    tries = [engine_args, ["--model", model_path]] if engine_args else [["--model", model_path]]
+    for args in tries:
+        try:
+            return VllmChatRenderer(args)
+        except (Exception, SystemExit) as exc:  # vLLM's parser exits on arguments it does not know
+            logger.warning("vLLM's chat renderer could not be built %s (%s: %s)",
+                           "with the replicas' engine arguments" if args is engine_args else "for the model",
+                           type(exc).__name__, str(exc)[:200])
+    logger.warning("chats are counted with the model's template applied to the messages as sent")
+    return None

@@ -29,8 +29,9 @@ class RequestClassifier:
     """Counts prompt tokens and classifies requests for one model."""
 
     def __init__(self, config: QueueConfig, model_path: str, max_sequences: int | None = None,
-                 max_prompt_logprob_entries: int = 0, max_output_logprob_entries: int = 0) -> None:
-        self._counter = PromptTokenCounter(model_path)
+                 max_prompt_logprob_entries: int = 0, max_output_logprob_entries: int = 0,
+                 engine_args: list[str] | None = None) -> None:
+        self._counter = PromptTokenCounter(model_path, engine_args)
         self._max_sequences = max_sequences
         self._max_prompt_logprob_entries = max_prompt_logprob_entries
         self._max_output_logprob_entries = max_output_logprob_entries

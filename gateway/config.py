@@ -216,6 +216,12 @@ class AppConfig(BaseModel):
         engine's ``max_num_seqs``)."""
         return self.gateway.max_sequences_per_request or min(pool.engine.max_num_seqs for pool in self.pools)
 
+    def replica_engine_args(self) -> list[str]:
+        """The vLLM CLI arguments of the first pool's replicas: the gateway renders chats as they do (a
+        ``--chat-template`` in ``engine.extra_args`` included). Every pool serves the one model, and should
+        render it alike."""
+        return self.pools[0].engine.to_cli_args(self.model.path, self.model.name)
+
     @field_validator("pools")
     @classmethod
     def _unique_pool_names(cls, pools: list[PoolConfig]) -> list[PoolConfig]:

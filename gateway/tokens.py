@@ -23,11 +23,11 @@ OFF_LOOP_ABOVE_CHARS = 4_000
 class PromptTokenCounter:
     """Prompt token counts for one model, from its Hugging Face tokenizer."""
 
-    def __init__(self, model_path: str) -> None:
+    def __init__(self, model_path: str, engine_args: list[str] | None = None) -> None:
         from transformers import AutoTokenizer
 
         self._tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self._chat_renderer = build_chat_renderer(model_path)
+        self._chat_renderer = build_chat_renderer(model_path, engine_args)  # chats as the replicas render them
         # no token covers more characters of text than its own string has (vLLM's max_chars_per_token)
         self._max_chars_per_token = max((len(token) for token in self._tokenizer.get_vocab()), default=1)
 

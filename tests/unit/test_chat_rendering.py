@@ -79,6 +79,35 @@ def test_a_string_template_sees_text_parts_joined_by_newlines(tiny_model_path: P
         _template_tokens(counter, [{"role": "user", "content": "hello\nworld"}])
 
 
+def test_the_replicas_chat_template_and_content_format_are_the_gateways(tiny_model_path: Path,
+                                                                          tmp_path: Path) -> None:
+    # an operator's --chat-template in engine.extra_args reaches the replicas' vLLM and the gateway's count
+    template = tmp_path / "string.jinja"
+    template.write_text(STRING_TEMPLATE)
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hello"},
+                                                       {"type": "text", "text": "world"}]}]}
+    joined = [{"role": "user", "content": "hello\nworld"}]
+    model = str(tiny_model_path)
+    with_template = PromptTokenCounter(model, ["--model", model, "--chat-template", str(template)])
+    assert _count(with_template, parts) == len(with_template.tokenizer.apply_chat_template(
+        joined, chat_template=STRING_TEMPLATE, tokenize=True, return_dict=False, add_generation_prompt=True))
+    # the model's own template reads lists; a content format forced to "string" joins the parts all the same
+    forced = PromptTokenCounter(model, ["--model", model, "--chat-template-content-format", "string"])
+    own = PromptTokenCounter(model)
+    assert _count(forced, parts) == _template_tokens(forced, joined) != _count(own, parts)
+
+
+def test_engine_arguments_vllm_cannot_read_here_fall_back_to_the_model_folder(tiny_model_path: Path,
+                                                                            tmp_path: Path) -> None:
+    # a template path only the replicas' nodes have: the gateway renders with the model's own template
+    model = str(tiny_model_path)
+    counter = PromptTokenCounter(model, ["--model", model, "--chat-template", str(tmp_path / "absent.jinja")])
+    assert counter._chat_renderer is not None
+    agent = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}
+    assert _count(counter, agent) == _count(PromptTokenCounter(model), agent)
+
+
 class _Recorder(BaseHTTPRequestHandler):
     fetched: list[str] = []
 
