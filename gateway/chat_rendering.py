@@ -12,8 +12,8 @@ replicas' own engine arguments (the model folder, and what an operator adds in `
 text itself (bounded by the context, gateway/tokens.py).
 
 Media are never fetched here. A model without a multimodal config refuses media parts, as vLLM does; for a
-multimodal model the messages go to the template as sent, without the media's tokens (an undercount, which
-completion corrects to what the engine counted).
+multimodal model each media part is rendered as an empty text part, so the count leaves out the media's
+placeholders and tokens (an undercount, which completion corrects to what the engine counted).
 """
 
 from __future__ import annotations
@@ -48,20 +48,20 @@ class VllmChatRenderer:
         self._exclude_tools_when_none = args.exclude_tools_when_tool_choice_none
         self.render({"messages": [{"role": "user", "content": "warm up"}]})  # resolves and compiles the template
 
-    def render(self, body: dict[str, Any]) -> str | list[int] | None:
+    def render(self, body: dict[str, Any]) -> str | list[int]:
         """The prompt of the chat ``body`` (validated): its text, or its token ids where the template's
-        options ask vLLM to tokenize; None for media parts sent to a multimodal model (rendered as sent by the
-        caller). Media parts sent to a text-only model are a 400, as on the replica."""
+        options ask vLLM to tokenize. Media parts sent to a text-only model are a 400, as on the replica."""
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest, ChatCompletionToolsParam
         from vllm.exceptions import VLLMClientError
         from vllm.renderers.chat_utils import has_non_text_content
         from vllm.renderers.params import merge_kwargs
 
-        if has_non_text_content(body["messages"]):
-            if self.multimodal:
-                return None
-            raise InvalidValue(f"messages: {body.get('model') or 'this model'} is not a multimodal model; send "
-                               "text content parts only.", param="messages")
+        messages = body["messages"]
+        if has_non_text_content(messages):
+            if not self.multimodal:
+                raise InvalidValue(f"messages: {body.get('model') or 'this model'} is not a multimodal model; "
+                                   "send text content parts only.", param="messages")
+            messages = [_without_media(message) for message in messages]
 
         # the chat parameters exactly as vLLM's serving layer builds them (OnlineRenderer.render_chat and
         # preprocess_chat)
@@ -74,7 +74,7 @@ class VllmChatRenderer:
                                                          self._content_format)
         params = params.with_defaults(merge_kwargs(self._default_options, {"tools": dumped, "tokenize": False}))
         try:
-            _, prompt = self._renderer.render_messages(_unshared(body["messages"]), params)
+            _, prompt = self._renderer.render_messages(_unshared(messages), params)
         except VLLMClientError as exc:  # the template refused these messages, or a part vLLM takes from no one
             raise InvalidValue(f"messages: {str(exc.args[0] if exc.args else exc)[:300]}",
                                param=getattr(exc, "parameter", None) or "messages") from None
@@ -101,6 +101,17 @@ class _Fields:
         if field is None:  # a vLLM that reads more than fields here fails the warm-up: the renderer is not used
             raise AttributeError(name)
         return field.get_default(call_default_factory=True)
+
+
+def _without_media(message: Any) -> Any:
+    # each media part as an empty text part: vLLM would fetch its URL to render it
+    from vllm.renderers.chat_utils import has_non_text_content
+
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, list):
+        return message
+    return {**message, "content": [{"type": "text", "text": ""} if has_non_text_content([{"content": [part]}])
+                                   else part for part in content]}
 
 
 def _unshared(messages: list[Any]) -> list[Any]:

@@ -63,10 +63,9 @@ class PromptTokenCounter:
     def _chat_tokens(self, body: dict[str, Any], within: int | None) -> int:
         # what vLLM renders (gateway/chat_rendering.py), then tokenized without special tokens unless the
         # request asks for them, as vLLM does
-        rendered = self._chat_renderer.render(body) if self._chat_renderer is not None else None
-        if isinstance(rendered, list):  # a template option had vLLM tokenize it
-            return len(rendered)
-        text = rendered if rendered is not None else self._template_as_sent(body)
+        text = self._chat_renderer.render(body) if self._chat_renderer is not None else self._template_as_sent(body)
+        if isinstance(text, list):  # a template option had vLLM tokenize it
+            return len(text)
         return self._text_tokens(text, within, bool(body.get("add_special_tokens", False)), "messages")
 
     def _template_as_sent(self, body: dict[str, Any]) -> str:

@@ -158,3 +158,21 @@ def test_a_vllm_whose_chat_parameters_read_more_than_fields_is_not_used(tiny_mod
 
     monkeypatch.setattr(ChatCompletionRequest, "build_chat_params", reads_a_method)
     assert chat_rendering.build_chat_renderer(str(tiny_model_path)) is None
+
+
+def test_media_for_a_multimodal_model_are_counted_without_being_fetched(counter: PromptTokenCounter,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the tiny model is text-only: its renderer is told otherwise, which is all the gateway reads of it
+    monkeypatch.setattr(counter._chat_renderer, "multimodal", True)
+    server = HTTPServer(("127.0.0.1", 0), _Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/picture.png"
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "what is this?"},
+                                                      {"type": "image_url", "image_url": {"url": url}}]}]}
+    sent = copy.deepcopy(body)
+    try:
+        counted = _count(counter, body)
+    finally:
+        server.shutdown()
+    assert _Recorder.fetched == [] and body == sent
+    assert counted == _template_tokens(counter, [{"role": "user", "content": "what is this?"}])  # the text only
