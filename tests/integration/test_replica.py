@@ -36,6 +36,7 @@ ENGINE = EngineSettings(
     scheduling_policy="priority",
     enforce_eager=True,
     kv_cache_memory_bytes=256 << 20,
+    extra_args=["--chat-template-content-format", "string"],  # not the model's own: the gateway must follow
 )
 
 
@@ -105,6 +106,26 @@ async def test_chat_stream_yields_sse_lines_then_done(replica) -> None:
     assert all(line.startswith("data: ") and line.endswith("\n\n") for line in lines)
     assert lines[-1] == "data: [DONE]\n\n"
     assert len(lines) >= 4
+
+
+async def test_the_gateway_counts_a_chat_as_this_replica_renders_it(replica, tiny_model_path: Path) -> None:
+    """The gateway's renderer, set up from the replica's own engine arguments (a content format forced to
+    "string": text parts joined by a newline), counts what the replica's vLLM counted, for an agent's turn."""
+    from gateway.request_parsing import parse_request
+    from gateway.tokens import PromptTokenCounter
+
+    call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"id": 42}'}}
+    body = {"model": TINY_MODEL_NAME, "max_tokens": 1, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "find"}, {"type": "text", "text": "record 42"}]},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "found"}]}]}
+    (header,) = await _collect(replica, "chat", body)
+    assert header["status"] == 200, header
+    served = header["body"]["usage"]["prompt_tokens"]
+    model = str(tiny_model_path)
+    parsed = parse_request(json.dumps(body).encode(), "chat")
+    assert PromptTokenCounter(model, ENGINE.to_cli_args(model, TINY_MODEL_NAME)).count_now(parsed) == [served]
+    assert PromptTokenCounter(model).count_now(parsed) != [served]  # the model folder alone renders otherwise
 
 
 async def test_prompt_over_context_is_a_400_from_vllm(replica) -> None:
