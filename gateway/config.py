@@ -251,6 +251,11 @@ class AppConfig(BaseModel):
                 if pool.engine.scheduling_policy == "fcfs":
                     raise ValueError(f"pool {pool.name!r} runs scheduling_policy fcfs, under which vLLM ignores the "
                                      "bands' priorities; set scheduling_policy: priority")
+        chats = {pool.name: pool.engine.chat_args() for pool in self.pools}
+        if any(args != chats[self.pools[0].name] for args in chats.values()):
+            raise ValueError(f"pools disagree on how to render a chat in their extra_args {chats}: the gateway counts "
+                             "a chat once, as the first pool renders it, and may place it on any pool; give every "
+                             "pool the same")
         lengths = {pool.name: pool.engine.max_model_len for pool in self.pools}
         if len(set(lengths.values())) > 1:
             raise ValueError(f"pools disagree on max_model_len {lengths}: requests are checked against one context "

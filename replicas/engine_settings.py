@@ -9,6 +9,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from policies.step_budget import StepBudget, step_budget
 
 
+# vLLM flags that change how a chat is rendered (and so counted) or how its reply is parsed
+CHAT_FLAGS = frozenset({
+    "--chat-template", "--chat-template-content-format", "--default-chat-template-kwargs",
+    "--exclude-tools-when-tool-choice-none", "--enable-auto-tool-choice", "--tool-call-parser",
+    "--tool-parser-plugin", "--reasoning-parser", "--tokenizer", "--tokenizer-mode", "--tokenizer-revision",
+    "--trust-remote-code", "--hf-overrides",
+})
+
+
 class EngineSettings(BaseModel):
     """vLLM engine settings that matter for tail latency, with production-minded defaults.
 
@@ -67,6 +76,23 @@ class EngineSettings(BaseModel):
     extra_args: list[str] = Field(
         default_factory=list, description="Further vLLM CLI arguments, passed through verbatim."
     )
+
+    def chat_args(self) -> list[str]:
+        """The arguments of ``extra_args`` that change how vLLM renders a chat or parses its reply (template,
+        content format, template options, tokenizer, tool calling), each with its value."""
+        chosen: list[str] = []
+        for index, arg in enumerate(self.extra_args):
+            flag, equals, inline = arg.partition("=")
+            if flag not in CHAT_FLAGS:
+                continue
+            following = self.extra_args[index + 1:index + 2]
+            if equals:
+                chosen += [flag, inline]
+            elif following and not following[0].startswith("--"):
+                chosen += [flag, following[0]]
+            else:
+                chosen.append(flag)
+        return chosen
 
     @model_validator(mode="after")
     def _budget_fits_batch(self) -> "EngineSettings":

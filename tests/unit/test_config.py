@@ -92,6 +92,22 @@ def test_fcfs_engines_under_priority_bands_fail_loudly() -> None:
         AppConfig.model_validate(args)
 
 
+def test_pools_that_would_render_a_chat_differently_fail_loudly() -> None:
+    args = _local_args()
+    template = ["--chat-template", "/templates/tools.jinja"]
+    args["pools"][0]["engine"]["extra_args"] = [*template, "--enable-prefix-caching"]
+    with pytest.raises(ValidationError, match="pools disagree on how to render a chat"):
+        AppConfig.model_validate(args)
+    args["pools"][1]["engine"]["extra_args"] = ["--max-num-partial-prefills", "2", *template]  # other flags differ
+    config = AppConfig.model_validate(args)
+    assert config.replica_engine_args()[-3:] == [*template, "--enable-prefix-caching"]
+    args["pools"][1]["engine"]["extra_args"] = ["--chat-template=/templates/tools.jinja"]  # spelt otherwise
+    AppConfig.model_validate(args)
+    args["pools"][1]["engine"]["extra_args"] = ["--chat-template=/templates/other.jinja"]
+    with pytest.raises(ValidationError, match="pools disagree"):
+        AppConfig.model_validate(args)
+
+
 @pytest.mark.parametrize(("pool", "reserve", "message"), [
     (0, 1, "leave them out of its accepts"),  # the local latency pool has one replica
     (1, 1, "would change nothing"),  # the throughput pool prefers the longest class: it guards none
