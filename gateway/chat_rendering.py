@@ -19,6 +19,7 @@ placeholders and tokens (an undercount, which completion corrects to what the en
 from __future__ import annotations
 
 import copy
+import json
 import logging
 from typing import Any
 
@@ -46,6 +47,7 @@ class VllmChatRenderer:
         self._content_format = args.chat_template_content_format
         self._default_options = args.default_chat_template_kwargs
         self._exclude_tools_when_none = args.exclude_tools_when_tool_choice_none
+        self._tool_choices = _ToolChoices(args, self._renderer.tokenizer, config.model_config.hf_config.model_type)
         self.render({"messages": [{"role": "user", "content": "warm up"}]})  # resolves and compiles the template
 
     def render(self, body: dict[str, Any]) -> str | list[int]:
@@ -56,6 +58,7 @@ class VllmChatRenderer:
         from vllm.renderers.chat_utils import has_non_text_content
         from vllm.renderers.params import merge_kwargs
 
+        self._tool_choices.check(body)
         messages = body["messages"]
         if has_non_text_content(messages):
             if not self.multimodal:
@@ -85,6 +88,29 @@ class VllmChatRenderer:
         if "prompt_token_ids" in prompt:
             return list(prompt["prompt_token_ids"])
         return prompt["prompt"]
+
+
+class _ToolChoices:
+    """The tool choices the replicas' vLLM serves. Its serving layer has a tool-call parser only with both
+    ``--enable-auto-tool-choice`` and ``--tool-call-parser`` (vLLM's ParserManager.get_tool_parser), and without
+    one it refuses every choice but ``"none"`` (OnlineRenderer.render_chat), after the request has waited in
+    the queue. ``"auto"`` is the choice of a chat with tools that names none."""
+
+    def __init__(self, args: Any, tokenizer: Any, model_type: str) -> None:
+        from vllm.utils.mistral import is_mistral_tokenizer
+
+        # Mistral tokenizers and Harmony models (gpt-oss) parse tool calls without a named parser
+        self._parser = (bool(args.enable_auto_tool_choice and args.tool_call_parser)
+                        or is_mistral_tokenizer(tokenizer) or model_type == "gpt_oss")
+
+    def check(self, body: dict[str, Any]) -> None:
+        """Raise InvalidValue (400) for a tool choice the replicas would refuse."""
+        choice = body["tool_choice"] if "tool_choice" in body else ("auto" if body.get("tools") else "none")
+        if self._parser or choice in (None, "none"):
+            return
+        raise InvalidValue(f"tool_choice: {json.dumps(choice)[:200]} needs a tool-call parser, which this "
+                           "deployment's replicas do not run (--enable-auto-tool-choice and --tool-call-parser in "
+                           'engine.extra_args); "none" is served.', param="tool_choice")
 
 
 class _Fields:

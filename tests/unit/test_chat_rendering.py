@@ -176,3 +176,36 @@ def test_media_for_a_multimodal_model_are_counted_without_being_fetched(counter:
         server.shutdown()
     assert _Recorder.fetched == [] and body == sent
     assert counted == _template_tokens(counter, [{"role": "user", "content": "what is this?"}])  # the text only
+
+
+@pytest.mark.parametrize(("choice", "refused"), [
+    (None, True),  # a chat with tools that names no choice asks for "auto"
+    ("auto", True), ("required", True), ({"type": "function", "function": {"name": "f"}}, True),
+    ("none", False),
+])
+def test_a_tool_choice_the_replicas_cannot_parse_is_refused_before_the_queue(counter: PromptTokenCounter,
+                                                                             choice: Any, refused: bool) -> None:
+    body = {"messages": [{"role": "user", "content": "weather?"}],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}
+    if choice is not None:
+        body["tool_choice"] = choice
+    if not refused:
+        assert _count(counter, body) > 0
+        return
+    with pytest.raises(InvalidValue) as caught:
+        _count(counter, body)
+    assert caught.value.param == "tool_choice" and "--tool-call-parser" in caught.value.message
+
+
+def test_replicas_with_a_tool_call_parser_take_every_tool_choice(tiny_model_path: Path) -> None:
+    model = str(tiny_model_path)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    bodies = [{"messages": [{"role": "user", "content": "hi"}], "tools": tools, "tool_choice": choice}
+              for choice in ("auto", "required", {"type": "function", "function": {"name": "f"}})]
+    parsing = PromptTokenCounter(model, ["--model", model, "--enable-auto-tool-choice", "--tool-call-parser", "hermes"])
+    assert all(_count(parsing, body) > 0 for body in bodies)
+    # vLLM's serving layer uses a named parser only with --enable-auto-tool-choice
+    named_only = PromptTokenCounter(model, ["--model", model, "--tool-call-parser", "hermes"])
+    for body in bodies:
+        with pytest.raises(InvalidValue):
+            _count(named_only, body)

@@ -43,7 +43,7 @@ def _count(counter: PromptTokenCounter, body: dict, endpoint: str, within: int |
      "continue_final_message": True, "add_generation_prompt": False},
     {"messages": [{"role": "user", "content": "weather?"}],
      "tools": [{"type": "function", "function": {"name": "f", "description": "find",
-                                                 "parameters": {"type": "object"}}}]},
+                                                 "parameters": {"type": "object"}}}], "tool_choice": "none"},
 ], ids=["one", "several", "continue", "tools"])
 def test_a_chat_counts_what_the_template_tokenizes(counter: PromptTokenCounter, tiny_model_path: Path,
                                                    body: dict) -> None:
