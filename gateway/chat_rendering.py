@@ -11,6 +11,10 @@ replicas' own engine arguments (the model folder, and what an operator adds in `
 ``--chat-template``, its content format, default template options, a tokenizer), and only tokenizes the
 text itself (bounded by the context, gateway/tokens.py).
 
+The same arguments say which tool choices the replicas serve: without a tool-call parser, vLLM refuses
+every choice but "none" (and "auto" is what a chat with tools asks for by default); the gateway refuses
+them first, before the request waits in the queue.
+
 Media are never fetched here. A model without a multimodal config refuses media parts, as vLLM does; for a
 multimodal model each media part is rendered as an empty text part, so the count leaves out the media's
 placeholders and tokens (an undercount, which completion corrects to what the engine counted).
@@ -32,12 +36,12 @@ class VllmChatRenderer:
     """vLLM's chat renderer, set up as the replicas' vLLM OpenAI server sets up its own."""
 
     def __init__(self, engine_args: list[str]) -> None:
+        from vllm.config import VllmConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.entrypoints.launchers.cli_args import make_arg_parser
         from vllm.renderers.chat_utils import load_chat_template
         from vllm.renderers.registry import renderer_from_config
         from vllm.utils.argparse_utils import FlexibleArgumentParser
-        from vllm.config import VllmConfig
 
         args = make_arg_parser(FlexibleArgumentParser()).parse_args(engine_args)
         config = VllmConfig(model_config=AsyncEngineArgs.from_cli_args(args).create_model_config())
