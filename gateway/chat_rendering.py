@@ -54,6 +54,12 @@ class VllmChatRenderer:
         self._tool_choices = _ToolChoices(args, self._renderer.tokenizer, config.model_config.hf_config.model_type)
         self.render({"messages": [{"role": "user", "content": "warm up"}]})  # resolves and compiles the template
 
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer vLLM renders with (the replicas' ``--tokenizer`` where set), safe to share between
+        threads (vLLM keeps a pool of copies behind it)."""
+        return self._renderer.tokenizer
+
     def render(self, body: dict[str, Any]) -> str | list[int]:
         """The prompt of the chat ``body`` (validated): its text, or its token ids where the template's
         options ask vLLM to tokenize. Media parts sent to a text-only model are a 400, as on the replica."""

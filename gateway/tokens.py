@@ -26,8 +26,10 @@ class PromptTokenCounter:
     def __init__(self, model_path: str, engine_args: list[str] | None = None) -> None:
         from transformers import AutoTokenizer
 
-        self._tokenizer = AutoTokenizer.from_pretrained(model_path)
         self._chat_renderer = build_chat_renderer(model_path, engine_args)  # chats as the replicas render them
+        # the text vLLM renders is tokenized with vLLM's own tokenizer, loaded once; the model folder's otherwise
+        self._tokenizer = (self._chat_renderer.tokenizer if self._chat_renderer is not None
+                           else AutoTokenizer.from_pretrained(model_path))
         # no token covers more characters of text than its own string has (vLLM's max_chars_per_token)
         self._max_chars_per_token = max((len(token) for token in self._tokenizer.get_vocab()), default=1)
 
