@@ -8,6 +8,7 @@ import copy
 import json
 import shutil
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
@@ -108,30 +109,38 @@ def test_engine_arguments_vllm_cannot_read_here_fall_back_to_the_model_folder(ti
     assert _count(counter, agent) == _count(PromptTokenCounter(model), agent)
 
 
-class _Recorder(BaseHTTPRequestHandler):
+@pytest.fixture
+def media_url() -> Iterator[tuple[str, list[str]]]:
+    """A picture's URL on a local server, and the paths fetched from it: the gateway must fetch none."""
     fetched: list[str] = []
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        self.fetched.append(self.path)
-        self.send_response(404)
-        self.end_headers()
+    class Recorder(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            fetched.append(self.path)
+            self.send_response(404)
+            self.end_headers()
 
-    def log_message(self, *args: Any) -> None:
-        pass
+        def log_message(self, *args: Any) -> None:
+            pass
 
-
-def test_media_for_a_text_only_model_is_a_400_and_never_fetched(counter: PromptTokenCounter) -> None:
-    server = HTTPServer(("127.0.0.1", 0), _Recorder)
+    server = HTTPServer(("127.0.0.1", 0), Recorder)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/internal.png"
-    try:
-        with pytest.raises(InvalidValue) as caught:
-            _count(counter, {"messages": [{"role": "user", "content": [
-                {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": url}}]}]})
-    finally:
-        server.shutdown()
+    yield f"http://127.0.0.1:{server.server_address[1]}/picture.png", fetched
+    server.shutdown()
+
+
+def _with_picture(url: str) -> dict:
+    return {"messages": [{"role": "user", "content": [{"type": "text", "text": "what is this?"},
+                                                      {"type": "image_url", "image_url": {"url": url}}]}]}
+
+
+def test_media_for_a_text_only_model_is_a_400_and_never_fetched(counter: PromptTokenCounter,
+                                                                media_url: tuple[str, list[str]]) -> None:
+    url, fetched = media_url
+    with pytest.raises(InvalidValue) as caught:
+        _count(counter, _with_picture(url))
     assert caught.value.param == "messages" and "not a multimodal model" in caught.value.message
-    assert _Recorder.fetched == []
+    assert fetched == []
 
 
 def test_without_vllms_renderer_the_template_sees_the_messages_as_sent(tiny_model_path: Path,
@@ -161,20 +170,15 @@ def test_a_vllm_whose_chat_parameters_read_more_than_fields_is_not_used(tiny_mod
 
 
 def test_media_for_a_multimodal_model_are_counted_without_being_fetched(counter: PromptTokenCounter,
+                                                                        media_url: tuple[str, list[str]],
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     # the tiny model is text-only: its renderer is told otherwise, which is all the gateway reads of it
     monkeypatch.setattr(counter._chat_renderer, "multimodal", True)
-    server = HTTPServer(("127.0.0.1", 0), _Recorder)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/picture.png"
-    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "what is this?"},
-                                                      {"type": "image_url", "image_url": {"url": url}}]}]}
+    url, fetched = media_url
+    body = _with_picture(url)
     sent = copy.deepcopy(body)
-    try:
-        counted = _count(counter, body)
-    finally:
-        server.shutdown()
-    assert _Recorder.fetched == [] and body == sent
+    counted = _count(counter, body)
+    assert fetched == [] and body == sent
     assert counted == _template_tokens(counter, [{"role": "user", "content": "what is this?"}])  # the text only
 
 
