@@ -23,6 +23,7 @@ from replicas.engine_settings import EngineSettings
 from replicas.engine_wait import SPIN_MS_ENV, plugin_registered
 from replicas.engine_warmup import warm_lazy_kernels
 from replicas.spec import ReplicaSpec
+from replicas.vllm_version import check_vllm_version
 
 logger = logging.getLogger(__name__)
 
@@ -185,6 +186,7 @@ async def _start_engine(settings: EngineSettings, model_path: str, served_model_
     """Start vLLM's AsyncLLM (with ``step_hook`` among its stat loggers) and its OpenAI serving state from
     vLLM's own argument parser; with a ``budget``, its scheduler steps by the work it holds."""
     from starlette.datastructures import State
+    check_vllm_version()
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
