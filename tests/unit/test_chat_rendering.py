@@ -213,3 +213,18 @@ def test_replicas_with_a_tool_call_parser_take_every_tool_choice(tiny_model_path
     for body in bodies:
         with pytest.raises(InvalidValue):
             _count(named_only, body)
+
+
+def test_the_local_config_serves_an_agents_default_tool_choice(tiny_model_path: Path) -> None:
+    """The shipped local config runs a tool-call parser, so a chat with tools and no tool choice (what agent
+    clients send: "auto") is counted and queued, not refused for want of a parser."""
+    import yaml
+
+    from gateway.config import AppConfig
+
+    args = yaml.safe_load((Path(__file__).resolve().parents[2] / "deploy" / "local.yaml").read_text())
+    config = AppConfig.model_validate(args["applications"][0]["args"])
+    config.model.path = str(tiny_model_path)
+    counter = PromptTokenCounter(config.model.path, config.replica_engine_args())
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    assert _count(counter, {"messages": [{"role": "user", "content": "find 42"}], "tools": tools}) > 0

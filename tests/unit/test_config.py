@@ -26,6 +26,15 @@ def test_shipped_configs_validate(config_file: str) -> None:
     assert config.pools, "at least one replica pool"
 
 
+@pytest.mark.parametrize("config_file", ["local.yaml", "gpu.yaml"])
+def test_shipped_configs_run_a_tool_call_parser_in_every_pool(config_file: str) -> None:
+    """Agent clients send tools with tool_choice "auto" (the default), which vLLM serves only with both flags."""
+    (application,) = yaml.safe_load((DEPLOY / config_file).read_text())["applications"]
+    for pool in AppConfig.model_validate(application["args"]).pools:
+        flags = pool.engine.extra_args
+        assert "--enable-auto-tool-choice" in flags and flags[flags.index("--tool-call-parser") + 1], pool.name
+
+
 def test_local_config_is_two_cpu_replicas_with_explicit_cpus() -> None:
     document = yaml.safe_load((DEPLOY / "local.yaml").read_text())
     assert document["http_options"] == {"host": "127.0.0.1", "port": 8000}
