@@ -137,6 +137,9 @@ class LiveRunner:
                 if self._engine_cores and self._simulated is None:
                     for pool in args["pools"]:
                         pool["cpu_binding"] = {"cores": self._engine_cores, "cores_per_replica": len(self._engine_cores)}
+                for pool in args["pools"]:
+                    engine = pool.get("engine", {})
+                    engine["extra_args"] = without_tool_calling(engine.get("extra_args", []))
                 args["queue"]["enabled"] = system == "gateway"
                 args["queue"]["redis_url"] = redis_url
                 if self._simulated is not None:
@@ -165,6 +168,25 @@ class LiveRunner:
         self._stack.close()
         self._stack = contextlib.ExitStack()
         self._system = None
+
+
+TOOL_CALLING_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser")
+
+
+def without_tool_calling(extra_args: list[str]) -> list[str]:
+    """``extra_args`` without vLLM's tool-call parser: the scenarios send no tools and the Ray Serve LLM
+    baselines run none, so every system streams through the same path; and a model folder of another family
+    than the config's parser serves (vLLM refuses to start a parser its tokenizer cannot serve)."""
+    kept: list[str] = []
+    skip_value = False
+    for arg in extra_args:
+        if skip_value:
+            skip_value = False
+        elif arg in TOOL_CALLING_FLAGS:
+            skip_value = arg == "--tool-call-parser"
+        elif not arg.startswith(tuple(flag + "=" for flag in TOOL_CALLING_FLAGS)):
+            kept.append(arg)
+    return kept
 
 
 def engine_cores_option(value: str) -> list[int] | None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.live import _shaper, _simulated_fleet
+from bench.live import _shaper, _simulated_fleet, without_tool_calling
 from bench.systems import PREFIX_AWARE, SYSTEMS
 from bench.workload import PlannedRequest
 from gateway.config import AppConfig
@@ -67,3 +67,16 @@ def test_the_engine_cores_option_reads_one_way_for_the_runner_and_the_capacity_m
     assert engine_cores_option("auto") == default_engine_cores()
     assert engine_cores_option("config") is None
     assert engine_cores_option("2,3") == [2, 3]
+
+
+@pytest.mark.parametrize("config_file", ["local.yaml", "gpu.yaml"])
+def test_the_benchmarked_gateway_runs_no_tool_call_parser(config_file: str) -> None:
+    """The shipped configs parse tool calls; the benchmark sends no tools and its baselines run no parser."""
+    (application,) = yaml.safe_load((Path(__file__).resolve().parents[2] / "deploy" / config_file).read_text())[
+        "applications"]
+    for pool in application["args"]["pools"]:
+        kept = without_tool_calling(pool["engine"]["extra_args"])
+        assert kept == [] and pool["engine"]["extra_args"]
+    assert without_tool_calling(["--tool-call-parser=hermes", "--enable-auto-tool-choice", "--seed", "3",
+                                 "--tool-call-parser", "x", "--chat-template", "t.jinja"]) == [
+        "--seed", "3", "--chat-template", "t.jinja"]
