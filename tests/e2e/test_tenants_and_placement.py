@@ -128,6 +128,28 @@ def test_prompt_tokens_equal_vllms_own_count(base_url: str, api_keys: dict) -> N
     assert int(agent.headers["x-fleetgate-prompt-tokens"]) == agent.json()["usage"]["prompt_tokens"]
 
 
+def test_an_agents_tool_choices_are_served_by_the_shipped_parser(base_url: str, api_keys: dict) -> None:
+    """deploy/local.yaml runs vLLM's tool-call parser: a chat with tools and no tool choice (what agent
+    clients send: "auto"), "required" and a named function are served, and counted as vLLM counts them (the
+    gateway refuses them before the queue only where the replicas run no parser: tests/unit)."""
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}}}
+    body = {"model": TINY_MODEL_NAME, "max_tokens": 4, "tools": [tool],
+            "messages": [{"role": "user", "content": "find 42"}]}
+    for choice in (None, "auto", "required", {"type": "function", "function": {"name": "lookup"}}):
+        sent = body if choice is None else {**body, "tool_choice": choice}
+        served = httpx.post(f"{base_url}/v1/chat/completions", json=sent, headers=auth(api_keys["calm"]), timeout=60)
+        assert served.status_code == 200, (choice, served.text)
+        assert int(served.headers["x-fleetgate-prompt-tokens"]) == served.json()["usage"]["prompt_tokens"]
+    # streamed, every token goes through the parser (the tiny model's text holds no call, nor under a forced
+    # choice a whole one: its arguments are noise that can run past max_tokens)
+    with httpx.stream("POST", f"{base_url}/v1/chat/completions", json={**body, "stream": True},
+                      headers=auth(api_keys["calm"]), timeout=60) as stream:
+        assert stream.status_code == 200
+        events = [line for line in stream.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]" and all('"error"' not in event for event in events)
+
+
 def test_fan_out_is_in_the_estimate_and_a_batch_is_checked_prompt_by_prompt(base_url: str, api_keys: dict) -> None:
     # three prompts of ~1,500 tokens: each fits the 4,096-token context, together they do not
     batch = [f"{i} " + "the fleet gateway " * 500 for i in range(3)]
