@@ -93,6 +93,15 @@ class PoolConfig(BaseModel):
         "measured.",
     )
 
+    @model_validator(mode="after")
+    def _gpus_for_tensor_parallelism(self) -> PoolConfig:
+        # the engine's workers run on the GPUs Ray gives the replica's actor (vLLM's multiprocessing executor)
+        size = self.engine.tensor_parallel_size
+        if size > 1 and self.num_gpus != size:
+            raise ValueError(f"pool {self.name!r}: tensor_parallel_size {size} runs each engine on {size} GPUs, "
+                             f"which Ray gives its replica: set num_gpus to {size} (it is {self.num_gpus:g})")
+        return self
+
 
 class GatewayDeploymentConfig(BaseModel):
     """The ingress deployment's size."""

@@ -56,6 +56,15 @@ def test_duplicate_pool_names_fail() -> None:
         AppConfig.model_validate(_minimal(pools=[{"name": "a"}, {"name": "a"}]))
 
 
+@pytest.mark.parametrize("num_gpus", [0, 1, 4])
+def test_a_tensor_parallel_engine_without_its_gpus_fails_loudly(num_gpus: int) -> None:
+    pool = {"name": "big", "num_gpus": num_gpus, "engine": {"tensor_parallel_size": 2}}
+    with pytest.raises(ValidationError, match="set num_gpus to 2"):
+        AppConfig.model_validate(_minimal(pools=[pool]))
+    AppConfig.model_validate(_minimal(pools=[{**pool, "num_gpus": 2}]))
+    AppConfig.model_validate(_minimal(pools=[{"name": "shared", "num_gpus": 0.5}]))  # one GPU, two engines
+
+
 def test_misspelt_field_fails() -> None:
     with pytest.raises(ValidationError, match="num_replica"):
         AppConfig.model_validate(_minimal(pools=[{"name": "a", "num_replica": 2}]))
