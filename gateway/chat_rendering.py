@@ -17,7 +17,10 @@ them first, before the request waits in the queue.
 
 Media are never fetched here. A model without a multimodal config refuses media parts, as vLLM does; for a
 multimodal model each media part is rendered as an empty text part, so the count leaves out the media's
-placeholders and tokens (an undercount, which completion corrects to what the engine counted).
+placeholders and tokens (an undercount, which completion corrects to what the engine counted). Its replicas
+would fetch a media URL from inside the deployment's network on a tenant's word, so unless the replicas'
+arguments name the hosts they may fetch from (vLLM's ``--allowed-media-domains``), a media part with an
+http(s) URL is a 400 and only data: URLs are taken.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from gateway.errors import InvalidValue
@@ -51,6 +55,7 @@ class VllmChatRenderer:
         self._content_format = args.chat_template_content_format
         self._default_options = args.default_chat_template_kwargs
         self._exclude_tools_when_none = args.exclude_tools_when_tool_choice_none
+        self._media_domains = args.allowed_media_domains  # None: vLLM fetches media from any host
         self._tool_choices = _ToolChoices(args, self._renderer.tokenizer, config.model_config.hf_config.model_type)
         self.render({"messages": [{"role": "user", "content": "warm up"}]})  # resolves and compiles the template
 
@@ -74,6 +79,11 @@ class VllmChatRenderer:
             if not self.multimodal:
                 raise InvalidValue(f"messages: {body.get('model') or 'this model'} is not a multimodal model; "
                                    "send text content parts only.", param="messages")
+            if self._media_domains is None and any(True for _ in _fetched_urls(messages)):
+                raise InvalidValue("messages: a media URL would be fetched by this deployment's replicas, from "
+                                   "inside its network, and it names no hosts to fetch from; send media as data: "
+                                   "URLs (an operator names the hosts with vLLM's --allowed-media-domains in "
+                                   "engine.extra_args).", param="messages")
             messages = [_without_media(message) for message in messages]
 
         # the chat parameters exactly as vLLM's serving layer builds them (OnlineRenderer.render_chat and
@@ -148,6 +158,26 @@ def _without_media(message: Any) -> Any:
         return message
     return {**message, "content": [{"type": "text", "text": ""} if has_non_text_content([{"content": [part]}])
                                    else part for part in content]}
+
+
+def _fetched_urls(messages: list[Any]) -> Iterator[str]:
+    # the http(s) URLs of the media parts, wherever in a part they are: what vLLM's replicas would fetch
+    from vllm.renderers.chat_utils import has_non_text_content
+
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        for part in content if isinstance(content, list) else ():
+            if has_non_text_content([{"content": [part]}]):
+                yield from _urls_in(part)
+
+
+def _urls_in(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        if value.lstrip()[:8].lower().startswith(("http://", "https://")):
+            yield value
+    elif isinstance(value, dict | list):
+        for item in value.values() if isinstance(value, dict) else value:
+            yield from _urls_in(item)
 
 
 def _unshared(messages: list[Any]) -> list[Any]:

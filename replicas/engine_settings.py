@@ -9,12 +9,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from policies.step_budget import StepBudget, step_budget
 
 
-# vLLM flags that change how a chat is rendered (and so counted) or how its reply is parsed
+# vLLM flags that change how a chat is rendered (and so counted), how its reply is parsed, or which media
+# URLs it takes
 CHAT_FLAGS = frozenset({
     "--chat-template", "--chat-template-content-format", "--default-chat-template-kwargs",
     "--exclude-tools-when-tool-choice-none", "--enable-auto-tool-choice", "--tool-call-parser",
     "--tool-parser-plugin", "--reasoning-parser", "--tokenizer", "--tokenizer-mode", "--tokenizer-revision",
-    "--trust-remote-code", "--hf-overrides",
+    "--trust-remote-code", "--hf-overrides", "--allowed-media-domains",
 })
 
 
@@ -79,19 +80,20 @@ class EngineSettings(BaseModel):
 
     def chat_args(self) -> list[str]:
         """The arguments of ``extra_args`` that change how vLLM renders a chat or parses its reply (template,
-        content format, template options, tokenizer, tool calling), each with its value."""
+        content format, template options, tokenizer, tool calling, media hosts), each with its values."""
         chosen: list[str] = []
         for index, arg in enumerate(self.extra_args):
             flag, equals, inline = arg.partition("=")
             if flag not in CHAT_FLAGS:
                 continue
-            following = self.extra_args[index + 1:index + 2]
+            chosen.append(flag)
             if equals:
-                chosen += [flag, inline]
-            elif following and not following[0].startswith("--"):
-                chosen += [flag, following[0]]
-            else:
-                chosen.append(flag)
+                chosen.append(inline)
+                continue
+            for value in self.extra_args[index + 1:]:  # every value up to the next flag (some take a list)
+                if value.startswith("--"):
+                    break
+                chosen.append(value)
         return chosen
 
     @model_validator(mode="after")

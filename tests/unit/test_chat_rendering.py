@@ -169,9 +169,11 @@ def test_a_vllm_whose_chat_parameters_read_more_than_fields_is_not_used(tiny_mod
     assert chat_rendering.build_chat_renderer(str(tiny_model_path)) is None
 
 
-def test_media_for_a_multimodal_model_are_counted_without_being_fetched(counter: PromptTokenCounter,
+def test_media_for_a_multimodal_model_are_counted_without_being_fetched(tiny_model_path: Path,
                                                                         media_url: tuple[str, list[str]],
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    model = str(tiny_model_path)
+    counter = PromptTokenCounter(model, ["--model", model, "--allowed-media-domains", "127.0.0.1", "example.com"])
     # the tiny model is text-only: its renderer is told otherwise, which is all the gateway reads of it
     monkeypatch.setattr(counter._chat_renderer, "multimodal", True)
     url, fetched = media_url
@@ -180,6 +182,28 @@ def test_media_for_a_multimodal_model_are_counted_without_being_fetched(counter:
     counted = _count(counter, body)
     assert fetched == [] and body == sent
     assert counted == _template_tokens(counter, [{"role": "user", "content": "what is this?"}])  # the text only
+
+
+@pytest.mark.parametrize("part", [
+    {"type": "image_url", "image_url": {"url": "URL"}},
+    {"type": "image_url", "image_url": {"url": " HTTPS://169.254.169.254/latest/meta-data"}},
+    {"type": "audio_url", "audio_url": {"url": "URL"}},
+    {"type": "video_url", "video_url": {"url": "URL", "detail": "low"}},
+])
+def test_a_media_url_is_refused_unless_the_replicas_name_the_hosts_they_fetch_from(
+        counter: PromptTokenCounter, media_url: tuple[str, list[str]], monkeypatch: pytest.MonkeyPatch,
+        part: dict) -> None:
+    """vLLM's replicas fetch a media URL from inside the deployment's network: with no --allowed-media-domains
+    a tenant could make them call any internal address, so only data: URLs are taken."""
+    monkeypatch.setattr(counter._chat_renderer, "multimodal", True)
+    url, fetched = media_url
+    chat = [{"type": "text", "text": "what is this?"}, json.loads(json.dumps(part).replace("URL", url))]
+    with pytest.raises(InvalidValue) as caught:
+        _count(counter, {"messages": [{"role": "user", "content": chat}]})
+    assert caught.value.param == "messages" and "--allowed-media-domains" in caught.value.message
+    assert fetched == []
+    inline = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    assert _count(counter, {"messages": [{"role": "user", "content": [chat[0], inline]}]}) > 0
 
 
 @pytest.mark.parametrize(("choice", "refused"), [

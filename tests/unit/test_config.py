@@ -124,6 +124,13 @@ def test_pools_that_would_render_a_chat_differently_fail_loudly() -> None:
     args["pools"][1]["engine"]["extra_args"] = ["--chat-template=/templates/other.jinja"]
     with pytest.raises(ValidationError, match="pools disagree"):
         AppConfig.model_validate(args)
+    # the hosts the replicas fetch media from decide which chats the gateway takes: every value counts
+    args["pools"][0]["engine"]["extra_args"] = ["--allowed-media-domains", "a.example", "b.example", "--seed", "1"]
+    args["pools"][1]["engine"]["extra_args"] = ["--allowed-media-domains", "a.example"]
+    with pytest.raises(ValidationError, match="pools disagree"):
+        AppConfig.model_validate(args)
+    args["pools"][1]["engine"]["extra_args"] = ["--allowed-media-domains", "a.example", "b.example"]
+    AppConfig.model_validate(args)
 
 
 @pytest.mark.parametrize(("pool", "reserve", "message"), [
