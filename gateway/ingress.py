@@ -32,11 +32,14 @@ from gateway.model_listing import model_entry, visible_listing
 from gateway.openapi import gateway_openapi
 from gateway.pools import Pools
 from gateway.request_parsing import ClientOptions, preload_protocol_models
+from gateway.trailing_slashes import TrailingSlashes
 
 logger = logging.getLogger(__name__)
 
 api = FastAPI(title="LLM gateway", description="OpenAI-compatible gateway in front of vLLM replica pools.")
 api.openapi = lambda: gateway_openapi(api)  # type: ignore[method-assign]
+api.router.redirect_slashes = False
+api.add_middleware(TrailingSlashes)
 
 
 @api.exception_handler(GatewayError)

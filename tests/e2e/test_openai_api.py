@@ -151,3 +151,12 @@ def test_negative_max_tokens_is_400(base_url: str, headers: dict) -> None:
 def test_unknown_route_and_method(base_url: str) -> None:
     assert _error(httpx.get(f"{base_url}/v1/nothing"), 404)["code"] == "not_found"
     assert _error(httpx.get(f"{base_url}/v1/completions"), 405)["code"] == "method_not_allowed"
+
+
+def test_a_trailing_slash_is_served_not_redirected(base_url: str, headers: dict) -> None:
+    """Starlette's 307 pointed at a URL built from the Host header (plain http behind a TLS proxy)."""
+    body = {"model": TINY_MODEL_NAME, "prompt": "x", "max_tokens": 1}
+    reply = httpx.post(f"{base_url}/v1/completions/", json=body, headers=headers, timeout=60)
+    assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 1
+    assert httpx.get(f"{base_url}/v1/models/", headers=headers).status_code == 200
+    assert _error(httpx.get(f"{base_url}/v1/nothing/"), 404)["code"] == "not_found"
