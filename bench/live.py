@@ -33,6 +33,7 @@ from bench.prompts import Prompts
 from tests.support.serve_launcher import REPO_ROOT, serve_run
 from bench.systems import BAND_PRIORITY, PREFIX_AWARE
 from bench.workload import PlannedRequest, Scenario
+from replicas.engine_settings import flag_groups
 
 
 SERVE_METRICS_SETTLE_S = 2.5  # a scenario's last Serve loop samples reach Ray's metrics export in this time
@@ -177,16 +178,7 @@ def without_tool_calling(extra_args: list[str]) -> list[str]:
     """``extra_args`` without vLLM's tool-call parser: the scenarios send no tools and the Ray Serve LLM
     baselines run none, so every system streams through the same path; and a model folder of another family
     than the config's parser serves (vLLM refuses to start a parser its tokenizer cannot serve)."""
-    kept: list[str] = []
-    skip_value = False
-    for arg in extra_args:
-        if skip_value:
-            skip_value = False
-        elif arg in TOOL_CALLING_FLAGS:
-            skip_value = arg == "--tool-call-parser"
-        elif not arg.startswith(tuple(flag + "=" for flag in TOOL_CALLING_FLAGS)):
-            kept.append(arg)
-    return kept
+    return [token for flag, tokens in flag_groups(extra_args) if flag not in TOOL_CALLING_FLAGS for token in tokens]
 
 
 def engine_cores_option(value: str) -> list[int] | None:

@@ -19,6 +19,18 @@ CHAT_FLAGS = frozenset({
 })
 
 
+def flag_groups(args: list[str]) -> list[tuple[str, list[str]]]:
+    """vLLM CLI arguments grouped by flag: each flag's name (without its ``=value``) and its tokens as written,
+    the flag and every value up to the next flag (some flags take a list)."""
+    groups: list[tuple[str, list[str]]] = []
+    for arg in args:
+        if arg.startswith("--") or not groups:
+            groups.append((arg.partition("=")[0], [arg]))
+        else:
+            groups[-1][1].append(arg)
+    return groups
+
+
 class EngineSettings(BaseModel):
     """vLLM engine settings that matter for tail latency, with production-minded defaults.
 
@@ -82,18 +94,10 @@ class EngineSettings(BaseModel):
         """The arguments of ``extra_args`` that change how vLLM renders a chat or parses its reply (template,
         content format, template options, tokenizer, tool calling, media hosts), each with its values."""
         chosen: list[str] = []
-        for index, arg in enumerate(self.extra_args):
-            flag, equals, inline = arg.partition("=")
-            if flag not in CHAT_FLAGS:
-                continue
-            chosen.append(flag)
-            if equals:
-                chosen.append(inline)
-                continue
-            for value in self.extra_args[index + 1:]:  # every value up to the next flag (some take a list)
-                if value.startswith("--"):
-                    break
-                chosen.append(value)
+        for flag, tokens in flag_groups(self.extra_args):
+            if flag in CHAT_FLAGS:
+                _, equals, inline = tokens[0].partition("=")
+                chosen += [flag, *([inline] if equals else []), *tokens[1:]]
         return chosen
 
     @model_validator(mode="after")
