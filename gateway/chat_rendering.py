@@ -28,7 +28,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 from gateway.errors import InvalidValue
@@ -79,7 +78,7 @@ class VllmChatRenderer:
             if not self.multimodal:
                 raise InvalidValue(f"messages: {body.get('model') or 'this model'} is not a multimodal model; "
                                    "send text content parts only.", param="messages")
-            if self._media_domains is None and any(True for _ in _fetched_urls(messages)):
+            if self._media_domains is None and _fetches_media(messages):
                 raise InvalidValue("messages: a media URL would be fetched by this deployment's replicas, from "
                                    "inside its network, and it names no hosts to fetch from; send media as data: "
                                    "URLs (an operator names the hosts with vLLM's --allowed-media-domains in "
@@ -149,35 +148,34 @@ class _Fields:
         return field.get_default(call_default_factory=True)
 
 
-def _without_media(message: Any) -> Any:
-    # each media part as an empty text part: vLLM would fetch its URL to render it
+def _is_media(part: Any) -> bool:
+    # as vLLM tells a media part from a text part
     from vllm.renderers.chat_utils import has_non_text_content
 
+    return has_non_text_content([{"content": [part]}])
+
+
+def _without_media(message: Any) -> Any:
+    # each media part as an empty text part: vLLM would fetch its URL to render it
     content = message.get("content") if isinstance(message, dict) else None
     if not isinstance(content, list):
         return message
-    return {**message, "content": [{"type": "text", "text": ""} if has_non_text_content([{"content": [part]}])
-                                   else part for part in content]}
+    return {**message, "content": [{"type": "text", "text": ""} if _is_media(part) else part for part in content]}
 
 
-def _fetched_urls(messages: list[Any]) -> Iterator[str]:
-    # the http(s) URLs of the media parts, wherever in a part they are: what vLLM's replicas would fetch
-    from vllm.renderers.chat_utils import has_non_text_content
-
-    for message in messages:
-        content = message.get("content") if isinstance(message, dict) else None
-        for part in content if isinstance(content, list) else ():
-            if has_non_text_content([{"content": [part]}]):
-                yield from _urls_in(part)
+def _fetches_media(messages: list[Any]) -> bool:
+    # an http(s) URL anywhere in a media part: what vLLM's replicas would fetch
+    return any(_is_media(part) and _holds_url(part)
+               for message in messages if isinstance(message, dict) and isinstance(message.get("content"), list)
+               for part in message["content"])
 
 
-def _urls_in(value: Any) -> Iterator[str]:
+def _holds_url(value: Any) -> bool:
     if isinstance(value, str):
-        if value.lstrip()[:8].lower().startswith(("http://", "https://")):
-            yield value
-    elif isinstance(value, dict | list):
-        for item in value.values() if isinstance(value, dict) else value:
-            yield from _urls_in(item)
+        return value.lstrip()[:8].lower().startswith(("http://", "https://"))
+    if isinstance(value, dict | list):
+        return any(_holds_url(item) for item in (value.values() if isinstance(value, dict) else value))
+    return False
 
 
 def _unshared(messages: list[Any]) -> list[Any]:
