@@ -38,7 +38,6 @@ logger = logging.getLogger(__name__)
 
 api = FastAPI(title="LLM gateway", description="OpenAI-compatible gateway in front of vLLM replica pools.")
 api.openapi = lambda: gateway_openapi(api)  # type: ignore[method-assign]
-api.router.redirect_slashes = False
 api.add_middleware(TrailingSlashes)
 
 
