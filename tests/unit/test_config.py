@@ -27,12 +27,22 @@ def test_shipped_configs_validate(config_file: str) -> None:
 
 
 @pytest.mark.parametrize("config_file", ["local.yaml", "gpu.yaml"])
-def test_shipped_configs_run_a_tool_call_parser_in_every_pool(config_file: str) -> None:
-    """Agent clients send tools with tool_choice "auto" (the default), which vLLM serves only with both flags."""
+def test_shipped_configs_pass_vllms_checks_and_run_a_tool_call_parser_in_every_pool(config_file: str) -> None:
+    """Agent clients send tools with tool_choice "auto" (the default), which vLLM serves only with both flags;
+    each pool's arguments pass vLLM's parser and serve-time checks, and name a parser vLLM has (a misspelt
+    one would stop the replicas only on the machine that runs them)."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.tool_parsers import ToolParserManager
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
     (application,) = yaml.safe_load((DEPLOY / config_file).read_text())["applications"]
-    for pool in AppConfig.model_validate(application["args"]).pools:
-        flags = pool.engine.extra_args
-        assert "--enable-auto-tool-choice" in flags and flags[flags.index("--tool-call-parser") + 1], pool.name
+    config = AppConfig.model_validate(application["args"])
+    for pool in config.pools:
+        args = make_arg_parser(FlexibleArgumentParser()).parse_args(
+            pool.engine.to_cli_args(config.model.path, config.model.name))
+        validate_parsed_serve_args(args)
+        assert args.enable_auto_tool_choice and args.tool_call_parser, pool.name
+        assert ToolParserManager.get_tool_parser(args.tool_call_parser) is not None
 
 
 def test_local_config_is_two_cpu_replicas_with_explicit_cpus() -> None:
