@@ -118,6 +118,7 @@ class RequestLifecycle:
                     await self._settle_apart(settlement, place, admission.size)
                 raise
             if header["status"] != 200:
+                served = int(header.get("served") or 0)  # an engine that failed it may have worked for it
                 raise from_vllm_error(header["status"], header["body"])
             headers = classification_headers(admission.decision, admission.size, place.pool, place.queue_ms,
                                               self._admission.gateway_id)

@@ -24,6 +24,7 @@ from starlette.requests import Request
 
 from gateway.errors import InvalidJSON, InvalidRequest, InvalidValue, PayloadTooLarge
 from gateway.json_bounds import KEPT_ITEMS, MAX_ERRORS, MAX_VALUES, cut, values_over
+from replicas.failed_replies import structured_output_fields
 
 Endpoint = Literal["chat", "completion"]
 
@@ -160,10 +161,7 @@ def _check_extension_args(xargs: dict[str, Any] | None, allowed: frozenset[str])
 
 def _check_structured_output_size(body: dict[str, Any], limit: int) -> None:
     # a structured output is compiled to a grammar on the replica and its engine, beside that engine's streams
-    forced_tool = body.get("tool_choice") == "required" or isinstance(body.get("tool_choice"), dict)
-    for field in ("response_format", "structured_outputs", *(("tools",) if forced_tool else ())):
-        if body.get(field) is None:
-            continue
+    for field in structured_output_fields(body):
         size = len(json.dumps(body[field], separators=(",", ":")))
         if size > limit:
             raise InvalidValue(f"{field}: its structured-output spec is {size} bytes; this gateway compiles at most "

@@ -35,6 +35,7 @@ class ReplicaReply(BaseModel):
     status: int
     body: dict[str, Any] | None = None
     stream: bool = False
+    served: int | None = None  # for an error: the tokens its engine served all the same (None: none)
 
 
 class ReplicaBase:
@@ -184,11 +185,12 @@ class ReplicaBase:
 
 
 def _served_in(header: dict[str, Any]) -> int | None:
-    """Tokens a reply's header says were served: a full reply's usage, 0 for an error, None for a stream."""
+    """Tokens a reply's header says were served: a full reply's usage, an error's ``served`` (0 when it has
+    none), None for a stream."""
     if header.get("stream"):
         return None
     if header.get("status") != 200:
-        return 0
+        return int(header.get("served") or 0)
     total = ((header.get("body") or {}).get("usage") or {}).get("total_tokens")
     return None if total is None else int(total)
 

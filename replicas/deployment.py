@@ -22,6 +22,7 @@ from replicas.engine_signals import vllm_served, vllm_signals, vllm_step_hook
 from replicas.engine_settings import EngineSettings
 from replicas.engine_wait import SPIN_MS_ENV, plugin_registered
 from replicas.engine_warmup import warm_lazy_kernels
+from replicas.failed_replies import as_client_error, is_engine_failure, stream_opening
 from replicas.spec import ReplicaSpec
 from replicas.vllm_version import check_vllm_version
 
@@ -69,14 +70,35 @@ class VLLMReplica(ReplicaBase):
         except Exception as exc:  # vLLM's own mapping: validation errors are 4xx, the rest 5xx
             result = create_error_response(exc)
         if isinstance(result, ErrorResponse):
-            yield ReplicaReply(status=result.error.code, body=result.model_dump()).model_dump()
+            yield self._failed(result.error.code, result.model_dump(), body)
             return
         if hasattr(result, "model_dump"):
             yield ReplicaReply(status=200, body=result.model_dump(exclude_none=True)).model_dump()
             return
+        opening: list[str] = []
+        reading = asyncio.ensure_future(stream_opening(result, opening))
+        try:
+            error = await asyncio.shield(reading)  # so that a cancel reaches vLLM only after the count below
+        except asyncio.CancelledError:  # the client left before the first token: what the engine holds of it
+            self.cut_short(body["request_id"], self.engine_served().get(body["request_id"], 0))
+            reading.cancel()
+            raise
+        if error is not None:
+            await result.aclose()
+            yield self._failed(_status_of(error), error, body)
+            return
         yield ReplicaReply(status=200, stream=True).model_dump()
+        for line in opening:
+            yield line
         async for line in result:
             yield line
+
+    def _failed(self, status: int, error: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+        """The reply to a request vLLM failed: the client's status (replicas/failed_replies.py), and what the
+        engine served for it (its prompt, when the engine itself ended it)."""
+        client_status, client_body = as_client_error(status, error, body)
+        served = self.tracker.prompt_tokens(body["request_id"]) if is_engine_failure(error) else 0
+        return ReplicaReply(status=client_status, body=client_body, served=served).model_dump()
 
     async def _unless_cut_short(self, key: str, work: Awaitable[Any]) -> Any:
         """vLLM's full reply to request ``key``. If the caller is cancelled first, the engine finishes the
@@ -142,6 +164,12 @@ class VLLMReplica(ReplicaBase):
         if engine is not None:
             engine.shutdown()
         return leaving
+
+
+def _status_of(error: dict[str, Any]) -> int:
+    """The HTTP status of a vLLM error event (its ``code``), 500 when it names none."""
+    code = error["error"].get("code")
+    return code if isinstance(code, int) and 400 <= code <= 599 else 500
 
 
 def _prepare_process_environment(cpu_binding: CpuBinding | None, cache_dir: str | None,

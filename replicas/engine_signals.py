@@ -63,6 +63,10 @@ class RequestTracker:
         if key in self._started:
             self._started[key] = True
 
+    def prompt_tokens(self, key: str) -> int:
+        """The prompt tokens request ``key`` arrived with (0 when not given, or when it is not in progress)."""
+        return self._tokens.get(key, 0)
+
     def leave(self, key: str) -> None:
         """The request is over, however it ended."""
         self._started.pop(key, None)

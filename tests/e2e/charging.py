@@ -43,13 +43,14 @@ def leave_a_stream(url: str, key: str) -> None:
 
 
 def assert_charged_what_its_engine_did(base_url: str, redis_url: str, tenant: str,
-                                       leave: Callable[[], None]) -> None:
-    """Run ``leave`` (a request of ``tenant`` that its client leaves), then check that the tenant was charged
-    what the engines counted for it, give or take a step, and that the ledger balances."""
+                                       request: Callable[[], None]) -> None:
+    """Run ``request`` (a request of ``tenant`` that ends before its reply does: its client leaves, or its
+    engine fails it), then check that the tenant was charged what the engines counted for it, give or take a
+    step, and that the ledger balances."""
     before, engines_before = served_by_tenant(redis_url), engine_tokens(base_url)
-    leave()
+    request()
     state = assert_ledger_balanced(redis_url, REPLICAS)  # its slot and tokens came back
     charged = state.served[tenant] - before.get(tenant, 0)
-    assert 10 < charged < 3000  # more than its prompt (the engine ran it), less than its estimate
+    assert 10 < charged < 3000  # at least its prompt (the engine ran it), less than its estimate
     engines = engine_tokens(base_url) - engines_before
     assert abs(engines - charged) <= 2, (engines, charged)  # what the engines counted, give or take a step

@@ -1,8 +1,8 @@
 """End to end: bad input gets a 4xx with OpenAI's error body, never a 500 and never a hung request.
 
 Oversized bodies (declared and chunked), invalid UTF-8, JSON the parser cannot take (nested too deeply, a
-5,000-digit integer, NaN and Infinity), impossible `max_tokens`, and every gateway header fuzzed with
-random printable values.
+5,000-digit integer, NaN and Infinity), impossible `max_tokens`, grammars the engine cannot generate under,
+and every gateway header fuzzed with random printable values.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import TINY_MODEL_NAME
+from tests.e2e.charging import assert_charged_what_its_engine_did
 from tests.e2e.conftest import auth
 
 pytestmark = pytest.mark.e2e
@@ -103,6 +104,31 @@ def test_a_structured_output_spec_over_the_limit_is_400(base_url: str, api_keys:
     response = httpx.post(f"{base_url}/v1/chat/completions", json={**body, "response_format": small},
                           headers=headers, timeout=60)
     assert response.status_code == 200, response.text[:300]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["full", "streamed"])
+def test_a_grammar_that_admits_no_output_is_400_and_charged_the_prefill_its_engine_did(
+        base_url: str, redis_url: str, api_keys: dict, stream: bool) -> None:
+    """vLLM's engine prefills such a request, then ends it in error (vLLM answers 500): the gateway answers 400
+    naming the field, and charges the tenant what its engine did."""
+    body = {"model": TINY_MODEL_NAME, "messages": [{"role": "user", "content": "say nothing at all " * 6}],
+            "max_tokens": 4, "structured_outputs": {"regex": "[^\\s\\S]"}, "stream": stream}
+
+    def send() -> None:
+        response = httpx.post(f"{base_url}/v1/chat/completions", json=body, headers=auth(api_keys["calm"]), timeout=60)
+        assert _error(response, 400)["param"] == "structured_outputs"
+
+    assert_charged_what_its_engine_did(base_url, redis_url, "calm", send)
+
+
+def test_a_stream_refused_before_its_first_token_gets_the_refusals_status(base_url: str, api_keys: dict) -> None:
+    """vLLM checks a schema only once its stream has begun; the client gets the 400, not a 200 whose first
+    event is an error."""
+    schema = {"type": "string", "minLength": 5, "maxLength": 2}
+    body = {"model": TINY_MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+    response = httpx.post(f"{base_url}/v1/chat/completions", json=body, headers=auth(api_keys["calm"]), timeout=60)
+    assert "Unsatisfiable schema" in _error(response, 400)["message"]
 
 
 def test_prompt_logprobs_past_the_limit_are_400_and_within_it_served(base_url: str, api_keys: dict) -> None:

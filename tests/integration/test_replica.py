@@ -70,14 +70,14 @@ def replica(tiny_model_path: Path, queue_config: QueueConfig) -> Iterator[object
     assert asyncio.run(queue.snapshot()).replicas == []  # a read: it reaps nothing
 
 
-async def _collect(replica, endpoint: str, body: dict) -> list:
+async def _collect(replica, endpoint: str, body: dict, prompt_tokens: int = 0) -> list:
     """The replica's messages for one call, under a grant the queue made to it (it serves no other)."""
     queue = _queue()
     ticket = uuid.uuid4().hex
     (grant,) = (await queue.enqueue(TicketSpec(ticket, "acme", "interactive", 10))).grants
     try:
         return [item async for item in replica.options(stream=True).generate.remote(
-            endpoint, body, granted_replica=grant.replica_id, ticket_id=ticket)]
+            endpoint, body, granted_replica=grant.replica_id, ticket_id=ticket, prompt_tokens=prompt_tokens)]
     finally:
         await queue.complete(ticket, 10)
 
@@ -102,7 +102,7 @@ async def test_chat_stream_yields_sse_lines_then_done(replica) -> None:
     body = {"model": TINY_MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
             "ignore_eos": True, "stream": True}
     header, *lines = await _collect(replica, "chat", body)
-    assert header == {"status": 200, "body": None, "stream": True}
+    assert header == {"status": 200, "body": None, "stream": True, "served": None}
     assert all(line.startswith("data: ") and line.endswith("\n\n") for line in lines)
     assert lines[-1] == "data: [DONE]\n\n"
     assert len(lines) >= 4
@@ -133,6 +133,28 @@ async def test_prompt_over_context_is_a_400_from_vllm(replica) -> None:
     (header,) = await _collect(replica, "completion", body)
     assert header["status"] == 400
     assert "maximum context length" in header["body"]["error"]["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["full", "streamed"])
+async def test_a_grammar_that_admits_no_output_is_a_400_that_charges_the_engines_work(replica, stream: bool) -> None:
+    """vLLM's engine ends such a request in error after its prefill, and vLLM answers 500 (a stream: after its
+    role chunk). The replica answers 400 naming the field, with the prompt the engine prefilled as served."""
+    body = {"model": TINY_MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+            "structured_outputs": {"regex": "[^\\s\\S]"}, "stream": stream}
+    (header,) = await _collect(replica, "chat", body, prompt_tokens=13)
+    assert header["status"] == 400, header
+    assert header["body"]["error"]["param"] == "structured_outputs" and header["served"] == 13
+    assert await replica.unfinished_requests.remote() == 0
+
+
+async def test_a_stream_that_fails_before_its_first_token_answers_with_the_errors_status(replica) -> None:
+    body = {"model": TINY_MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+                "type": "string", "minLength": 5, "maxLength": 2}}}}
+    (header,) = await _collect(replica, "chat", body, prompt_tokens=13)
+    assert header["status"] == 400 and not header["stream"], header
+    assert "Unsatisfiable schema" in header["body"]["error"]["message"]
+    assert header["served"] == 0  # refused before the engine took it
 
 
 async def test_a_call_without_a_grant_to_this_replica_is_refused(replica) -> None:
@@ -278,6 +300,27 @@ async def test_a_stream_cut_short_reports_the_engines_latest_count(replica) -> N
     served = await replica.served.remote("t-cut", 5.0, granted_replica=grant.replica_id)
     assert served is not None and served >= sent_total > 1
     await queue.complete("t-cut", served)
+
+
+async def test_a_stream_cut_before_its_first_token_reports_what_its_engine_holds(replica) -> None:
+    """A stream's reply starts only with its first token (replicas/failed_replies.py): a client that leaves
+    during the prefill is charged the prompt its engine took, not an estimate and not nothing."""
+    body = {"model": TINY_MODEL_NAME, "prompt": [5] * 3000, "max_tokens": 4, "stream": True}  # 3,000 tokens
+    queue = _queue()
+    (grant,) = (await queue.enqueue(TicketSpec("t-prefill", "acme", "interactive", 10))).grants
+    replies = replica.options(stream=True).generate.remote("completion", body, granted_replica=grant.replica_id,
+                                                           ticket_id="t-prefill")
+    header = asyncio.ensure_future(replies.__anext__())
+    deadline = time.monotonic() + 30
+    while await replica.unfinished_requests.remote() == 0:  # the engine has it: prefilling 128 tokens a step
+        assert time.monotonic() < deadline and not header.done()
+        await asyncio.sleep(0.005)
+    replies.cancel()
+    served = await replica.served.remote("t-prefill", 5.0, granted_replica=grant.replica_id)
+    assert served is not None and 3000 <= served < 3010, served
+    assert await replica.unfinished_requests.remote() == 0
+    header.cancel()
+    await queue.complete("t-prefill", served)
 
 
 async def _counter(queue, band: str, tenant: str) -> float:
