@@ -173,9 +173,10 @@ class AccessConfig(BaseModel):
     )
     reload_interval_s: float = Field(2.0, gt=0, description="How often each gateway checks the file for changes.")
     isolate_prefix_cache: bool = Field(
-        False, description="Give each tenant's requests their own vLLM prefix-cache salt (`cache_salt`, set by the "
+        True, description="Give each tenant's requests their own vLLM prefix-cache salt (`cache_salt`, set by the "
         "gateway, a client's own replaced), so no tenant can time another's prompts through shared cache hits. "
-        "Costs the cache hits tenants would share (a common system prompt). On in deploy/gpu.yaml.",
+        "Costs the cache hits tenants would share (a common system prompt): a fleet whose tenants trust each other "
+        "may turn it off. A tenant's own requests share its cache either way.",
     )
 
 

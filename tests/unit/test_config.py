@@ -24,6 +24,7 @@ def test_shipped_configs_validate(config_file: str) -> None:
     assert application["import_path"] == "gateway.app:build_app"
     config = AppConfig.model_validate(application["args"])
     assert config.pools, "at least one replica pool"
+    assert config.access.isolate_prefix_cache  # no tenant times another's prompts through the prefix cache
 
 
 @pytest.mark.parametrize("config_file", ["local.yaml", "gpu.yaml"])
