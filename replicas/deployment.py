@@ -22,7 +22,7 @@ from replicas.engine_signals import vllm_served, vllm_signals, vllm_step_hook
 from replicas.engine_settings import EngineSettings
 from replicas.engine_wait import SPIN_MS_ENV, plugin_registered
 from replicas.engine_warmup import warm_lazy_kernels
-from replicas.failed_replies import as_client_error, is_engine_failure, stream_opening
+from replicas.failed_replies import ERROR_EVENT, as_client_error, explain_error_event, is_engine_failure, stream_opening
 from replicas.spec import ReplicaSpec
 from replicas.vllm_version import check_vllm_version
 
@@ -91,7 +91,7 @@ class VLLMReplica(ReplicaBase):
         for line in opening:
             yield line
         async for line in result:
-            yield line
+            yield explain_error_event(line, body) if line.startswith(ERROR_EVENT) else line
 
     def _failed(self, status: int, error: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
         """The reply to a request vLLM failed: the client's status (replicas/failed_replies.py), and what the

@@ -9,7 +9,8 @@
   JSON schema that is only a reference to itself, a regex no string matches, ``root ::= root``) or fails to
   compile in the engine. For a request that carries such a grammar, that is bad input: a 400 naming its
   field. The engine did work for it (the prefill, or the grammar's compile), so the reply carries the
-  request's prompt tokens as what it served, and its tenant is charged them.
+  request's prompt tokens as what it served, and its tenant is charged them. A grammar that dead-ends after
+  some output fails the stream there: its error event says so in the same words (the status is sent).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 ENGINE_FAILURE = ("InternalServerError", "Internal server error")  # vLLM's GenerationError, as its ErrorResponse
+ERROR_EVENT = 'data: {"error"'  # how vLLM's serving classes begin an error event
 
 
 def structured_output_fields(body: dict[str, Any]) -> list[str]:
@@ -49,6 +51,19 @@ def as_client_error(status: int, error_body: dict[str, Any], request: dict[str, 
                "model can produce (for example a JSON schema that only refers to itself, or a pattern no string "
                "matches), or did not compile.")
     return 400, {"error": {"message": message, "type": "BadRequestError", "param": fields[0], "code": 400}}
+
+
+def explain_error_event(line: str, request: dict[str, Any]) -> str:
+    """An SSE line of a stream past its first token, an error event rewritten as :func:`as_client_error` would
+    answer it (a grammar that dead-ends after some output: the engine fails the request there)."""
+    if not line.startswith(ERROR_EVENT):
+        return line
+    event = _event(line)
+    if event is None:
+        return line
+    code = event["error"].get("code") if isinstance(event.get("error"), dict) else None
+    _, body = as_client_error(code if isinstance(code, int) else 500, event, request)
+    return line if body is event else f"data: {json.dumps(body)}\n\n"
 
 
 async def stream_opening(lines: AsyncIterator[str], held: list[str]) -> dict[str, Any] | None:

@@ -147,6 +147,16 @@ async def test_a_grammar_that_admits_no_output_is_a_400_that_charges_the_engines
     assert await replica.unfinished_requests.remote() == 0
 
 
+async def test_a_grammar_that_dead_ends_after_output_says_so_in_its_stream(replica) -> None:
+    body = {"model": TINY_MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True,
+            "structured_outputs": {"regex": "a[^\\s\\S]"}}  # "a", then nothing can follow
+    header, *lines = await _collect(replica, "chat", body, prompt_tokens=13)
+    assert header["status"] == 200 and header["stream"]
+    errors = [json.loads(event[len("data: "):])["error"] for line in lines for event in line.split("\n\n")
+              if event.startswith('data: {"error"')]
+    assert [(e["code"], e["param"]) for e in errors] == [(400, "structured_outputs")], lines
+
+
 async def test_a_stream_that_fails_before_its_first_token_answers_with_the_errors_status(replica) -> None:
     body = {"model": TINY_MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True,
             "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {

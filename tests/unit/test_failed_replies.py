@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from replicas.failed_replies import as_client_error, is_engine_failure, stream_opening, structured_output_fields
+from replicas.failed_replies import (as_client_error, explain_error_event, is_engine_failure, stream_opening,
+                                     structured_output_fields)
 
 ENGINE_FAILED = {"error": {"message": "Internal server error", "type": "InternalServerError", "param": None,
                            "code": 500}}
@@ -103,3 +104,12 @@ def test_a_stream_is_read_only_up_to_its_first_output(first_output: str) -> None
     later = [_chunk({"content": "!"}), _sse(ENGINE_FAILED)]  # an error after output stays in the stream
     error, held, rest = _opening([ROLE, usage_only, first_output, *later])
     assert error is None and held == [ROLE, usage_only, first_output] and rest == later
+
+
+def test_an_engine_failure_after_output_is_explained_in_the_stream() -> None:
+    """A grammar that dead-ends after some output: the status is sent, so the error event says what failed."""
+    grammar = {"structured_outputs": {"regex": "a[^\\s\\S]"}}
+    event = json.loads(explain_error_event(_sse(ENGINE_FAILED), grammar)[len("data: "):])
+    assert event["error"]["code"] == 400 and event["error"]["param"] == "structured_outputs"
+    assert explain_error_event(_sse(ENGINE_FAILED), {}) == _sse(ENGINE_FAILED)  # no grammar: the engine's own
+    assert explain_error_event(TEXT, grammar) == TEXT
