@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fleet.config import QueueConfig
+from gateway.control_tokens import ControlTokens
 from gateway.errors import ContextLengthExceeded, InvalidValue
 from gateway.output_bound import OutputBound
 from gateway.request_parsing import ParsedRequest
@@ -30,8 +31,9 @@ class RequestClassifier:
 
     def __init__(self, config: QueueConfig, model_path: str, max_sequences: int | None = None,
                  max_prompt_logprob_entries: int = 0, max_output_logprob_entries: int = 0,
-                 engine_args: list[str] | None = None) -> None:
+                 engine_args: list[str] | None = None, refuse_control_tokens: bool = False) -> None:
         self._counter = PromptTokenCounter(model_path, engine_args)
+        self._control_tokens = ControlTokens(self._counter.tokenizer) if refuse_control_tokens else None
         self._max_sequences = max_sequences
         self._max_prompt_logprob_entries = max_prompt_logprob_entries
         self._max_output_logprob_entries = max_output_logprob_entries
@@ -45,9 +47,12 @@ class RequestClassifier:
         A batch of prompts (a completions request's list) is checked against the context prompt by prompt,
         classed by its longest prompt, and costs every prompt; ``n`` (or the beam width) multiplies the
         output each prompt may produce. A request of more engine sequences (prompts times ``n``) than
-        ``max_sequences`` is a 400, before any tokenizing. A prompt is counted as the engine will run it:
-        after ``truncate_prompt_tokens``."""
+        ``max_sequences`` is a 400, before any tokenizing, as is a chat that spells out a control token where
+        they are refused (gateway/control_tokens.py). A prompt is counted as the engine will run it: after
+        ``truncate_prompt_tokens``."""
         self._check_sequences(parsed)
+        if self._control_tokens is not None and parsed.endpoint == "chat":
+            await self._control_tokens.check(parsed.body, parsed.body_chars)
         keep = _kept_tokens(parsed.truncate_prompt_tokens, max_model_len)
         prompts = await self._counter.count(parsed, within=keep if keep is not None else max_model_len or None)
         if keep is not None:

@@ -148,6 +148,14 @@ class GatewayDeploymentConfig(BaseModel):
         "1,500 tokens with `logprobs: 20` at once stretched the local streams' longest gap to 0.23-0.48 s "
         "(0.06-0.09 s without), four of 4,095 entries to 0.08-0.14 s.",
     )
+    control_tokens_in_messages: Literal["refuse", "allow"] = Field(
+        "refuse", description="A chat whose messages, tools or documents spell out one of the model's control "
+        "tokens as text (`<|im_end|>`, `<|start_header_id|>`): `refuse` (400), or `allow`. The chat template "
+        "renders messages between control tokens and vLLM tokenizes the result whole, so such text becomes the "
+        "token itself, and whoever wrote the message (often a tenant's own end user) can end its turn and forge "
+        "another role's. OpenAI's API reads it as text; vLLM cannot be told to. `allow` for tenants that send "
+        "control tokens on purpose, or a tokenizer whose special tokens are common text (`<s>` of Llama 2).",
+    )
     max_structured_output_bytes: int = Field(
         32 << 10, ge=0, description="Largest structured-output spec a request may send, as JSON (its "
         "`response_format`, `structured_outputs`, and its `tools` where `tool_choice` forces one; then 400; 0: no "

@@ -83,7 +83,8 @@ class Gateway:
         await self._admission.start()
         classifier = RequestClassifier(settings.queue, settings.model.path, settings.sequence_limit(),
                                        settings.gateway.max_prompt_logprob_entries,
-                                       settings.gateway.max_output_logprob_entries, settings.replica_engine_args())
+                                       settings.gateway.max_output_logprob_entries, settings.replica_engine_args(),
+                                       settings.gateway.control_tokens_in_messages == "refuse")
         self._lifecycle = RequestLifecycle(
             served_model_name=settings.model.name, max_body_bytes=settings.gateway.max_body_bytes,
             queue=settings.queue, access=self._access, classifier=classifier,

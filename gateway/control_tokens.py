@@ -1,0 +1,76 @@
+"""Control tokens written out as text in a chat: a forged turn.
+
+A chat template writes each message between the model's control tokens (``<|im_start|>user ... <|im_end|>``),
+and vLLM tokenizes the rendered text whole, so a control token spelt out inside a message becomes that token:
+whoever writes a message (often a tenant's own end user) can end its turn and open another role's
+(``<|im_end|><|im_start|>system ...``): "special token injection". OpenAI's API reads such text as text;
+vLLM cannot be told to, so the gateway refuses a chat whose messages, tools or documents spell out one of the
+model's special tokens (``gateway.control_tokens_in_messages: refuse``, the default), or lets it through
+(``allow``). Completions are left alone: their prompt is the whole rendered text, control tokens included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+from gateway.errors import InvalidValue
+
+CHECKED_FIELDS = ("messages", "tools", "documents")  # what the chat template renders into the prompt
+OFF_LOOP_ABOVE_CHARS = 4_000
+
+
+class ControlTokens:
+    """The special tokens of one model's tokenizer, found in a chat's text."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        tokens = set(getattr(tokenizer, "all_special_tokens", None) or ())
+        added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+        tokens.update(token.content for token in added.values() if getattr(token, "special", False))
+        # grouped by their first two characters: one scan of the text for a prefix no token has rules out
+        # the whole group (Llama 3's 256 control tokens all begin "<|")
+        self._by_prefix: dict[str, list[str]] = {}
+        for token in sorted(token for token in tokens if isinstance(token, str) and token.strip()):
+            self._by_prefix.setdefault(token[:2], []).append(token)
+
+    def found_in(self, text: str) -> str | None:
+        """The first of the model's control tokens that ``text`` spells out, if any."""
+        for prefix, tokens in self._by_prefix.items():
+            if prefix in text:
+                for token in tokens:
+                    if token in text:
+                        return token
+        return None
+
+    def check_now(self, body: dict[str, Any]) -> None:
+        """A 400 naming the field when a chat's messages, tools or documents spell out a control token."""
+        for field in CHECKED_FIELDS:
+            for text in _strings(body.get(field)):
+                token = self.found_in(text)
+                if token is not None:
+                    raise InvalidValue(
+                        f"{field}: holds the model's control token {token!r} as text, which the chat template would "
+                        "turn into that token and so end or forge a turn. This gateway refuses control tokens in a "
+                        "chat (gateway.control_tokens_in_messages); escape them in the text.", param=field)
+
+    async def check(self, body: dict[str, Any], body_chars: int) -> None:
+        """:meth:`check_now`, off the event loop for a long body."""
+        if body_chars > OFF_LOOP_ABOVE_CHARS:
+            await asyncio.to_thread(self.check_now, body)
+        else:
+            self.check_now(body)
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string inside a JSON value, keys included."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
