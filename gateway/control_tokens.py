@@ -7,6 +7,7 @@ whoever writes a message (often a tenant's own end user) can end its turn and op
 vLLM cannot be told to, so the gateway refuses a chat whose messages, tools or documents spell out one of the
 model's special tokens (``gateway.control_tokens_in_messages: refuse``, the default), or lets it through
 (``allow``). Completions are left alone: their prompt is the whole rendered text, control tokens included.
+vLLM's Mistral tokenizer mode keeps text and control tokens apart, so there is nothing to refuse.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ class ControlTokens:
     """The special tokens of one model's tokenizer, found in a chat's text."""
 
     def __init__(self, tokenizer: Any) -> None:
-        tokens = set(getattr(tokenizer, "all_special_tokens", None) or ())
+        tokens = set() if _reads_text_as_text(tokenizer) else set(getattr(tokenizer, "all_special_tokens", None) or ())
         added = getattr(tokenizer, "added_tokens_decoder", None) or {}
         tokens.update(token.content for token in added.values() if getattr(token, "special", False))
         # grouped by their first two characters: one scan of the text for a prefix no token has rules out
@@ -60,6 +61,16 @@ class ControlTokens:
             await asyncio.to_thread(self.check_now, body)
         else:
             self.check_now(body)
+
+
+def _reads_text_as_text(tokenizer: Any) -> bool:
+    """vLLM's Mistral tokenizer (``--tokenizer-mode mistral``) encodes a message's text with its special tokens
+    apart, so nothing spelt out in text becomes one."""
+    try:
+        from vllm.tokenizers.mistral import MistralTokenizer
+    except ImportError:
+        return False
+    return isinstance(tokenizer, MistralTokenizer)
 
 
 def _strings(value: Any) -> Iterator[str]:

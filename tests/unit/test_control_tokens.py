@@ -79,3 +79,10 @@ def test_tokens_are_grouped_so_that_text_without_their_prefix_is_scanned_once() 
     assert tokens.found_in("x <|python_tag|> y") == "<|python_tag|>" and tokens.found_in("a</s>") == "</s>"
     assert tokens.found_in("a <tool_call> b, a blank") is None  # an added token that is not special is text
     assert sorted(tokens._by_prefix) == ["</", "<|"]
+
+
+def test_vllms_mistral_tokenizer_keeps_text_apart_from_its_control_tokens() -> None:
+    from vllm.tokenizers.mistral import MistralTokenizer
+
+    tokenizer = MistralTokenizer.__new__(MistralTokenizer)  # its own encoding: text is never a control token
+    assert ControlTokens(tokenizer)._by_prefix == {}
