@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from typing import Any
 
 from policies.step_budget import StepBudget
@@ -75,8 +75,15 @@ class VLLMReplica(ReplicaBase):
         if hasattr(result, "model_dump"):
             yield ReplicaReply(status=200, body=result.model_dump(exclude_none=True)).model_dump()
             return
+        async for message in self._stream(result, body):
+            yield message
+
+    async def _stream(self, lines: AsyncGenerator[str, None],
+                      body: dict[str, Any]) -> AsyncIterator[dict[str, Any] | str]:
+        """The reply to a stream: a failure before its first token is answered with its own status, not as a
+        200 stream (replicas/failed_replies.py)."""
         opening: list[str] = []
-        reading = asyncio.ensure_future(stream_opening(result, opening))
+        reading = asyncio.ensure_future(stream_opening(lines, opening))
         try:
             error = await asyncio.shield(reading)  # so that a cancel reaches vLLM only after the count below
         except asyncio.CancelledError:  # the client left before the first token: what the engine holds of it
@@ -84,13 +91,13 @@ class VLLMReplica(ReplicaBase):
             reading.cancel()
             raise
         if error is not None:
-            await result.aclose()
+            await lines.aclose()
             yield self._failed(_status_of(error), error, body)
             return
         yield ReplicaReply(status=200, stream=True).model_dump()
         for line in opening:
             yield line
-        async for line in result:
+        async for line in lines:
             yield explain_error_event(line, body) if line.startswith(ERROR_EVENT) else line
 
     def _failed(self, status: int, error: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
