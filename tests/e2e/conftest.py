@@ -89,7 +89,7 @@ def base_url(tiny_model_path: Path, redis_url: str, tenants_file: Path, api_keys
     def for_tests(args: dict) -> None:
         args["gateway"]["num_replicas"] = GATEWAY_REPLICAS
         args["access"] = {"tenants_file": str(tenants_file), "allow_anonymous": False, "reload_interval_s": 0.5,
-                          "isolate_prefix_cache": True}  # the default, as deploy/gpu.yaml: every request carries its salt
+                          "isolate_prefix_cache": True}  # the default: every request carries its salt
         args["metrics"] = {"publish_interval_s": 1.0, "scrape_key_sha256": hash_key(SCRAPE_KEY)}
         args["queue"]["redis_max_connections"] = REDIS_CONNECTIONS
 

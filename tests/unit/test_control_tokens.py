@@ -32,7 +32,8 @@ def test_the_tiny_models_end_of_turn_becomes_its_token_when_spelt_out(tiny_model
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
-    assert tokenizer.convert_tokens_to_ids("<|im_end|>") in tokenizer("a<|im_end|>b", add_special_tokens=False).input_ids
+    end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert end_of_turn in tokenizer("a<|im_end|>b", add_special_tokens=False).input_ids
 
 
 @pytest.mark.parametrize("body, param", [
