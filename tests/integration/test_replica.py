@@ -135,13 +135,16 @@ async def test_prompt_over_context_is_a_400_from_vllm(replica) -> None:
     assert "maximum context length" in header["body"]["error"]["message"]
 
 
+@pytest.mark.parametrize("endpoint", ["chat", "completion"])
 @pytest.mark.parametrize("stream", [False, True], ids=["full", "streamed"])
-async def test_a_grammar_that_admits_no_output_is_a_400_that_charges_the_engines_work(replica, stream: bool) -> None:
-    """vLLM's engine ends such a request in error after its prefill, and vLLM answers 500 (a stream: after its
-    role chunk). The replica answers 400 naming the field, with the prompt the engine prefilled as served."""
-    body = {"model": TINY_MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
-            "structured_outputs": {"regex": "[^\\s\\S]"}, "stream": stream}
-    (header,) = await _collect(replica, "chat", body, prompt_tokens=13)
+async def test_a_grammar_that_admits_no_output_is_a_400_that_charges_the_engines_work(replica, stream: bool,
+                                                                                    endpoint: str) -> None:
+    """vLLM's engine ends such a request in error after its prefill, and vLLM answers 500 (a chat stream: after
+    its role chunk). The replica answers 400 naming the field, with the prompt the engine prefilled as served."""
+    prompt = {"messages": [{"role": "user", "content": "hi"}]} if endpoint == "chat" else {"prompt": "hi"}
+    body = {"model": TINY_MODEL_NAME, **prompt, "max_tokens": 4, "structured_outputs": {"regex": "[^\\s\\S]"},
+            "stream": stream}
+    (header,) = await _collect(replica, endpoint, body, prompt_tokens=13)
     assert header["status"] == 400, header
     assert header["body"]["error"]["param"] == "structured_outputs" and header["served"] == 13
     assert await replica.unfinished_requests.remote() == 0
