@@ -18,7 +18,7 @@ from typing import Any
 
 from gateway.errors import InvalidValue
 
-CHECKED_FIELDS = ("messages", "tools", "documents")  # what the chat template renders into the prompt
+CHECKED_FIELDS = ("messages", "tools", "documents", "chat_template_kwargs")  # what the template may render
 OFF_LOOP_ABOVE_CHARS = 4_000
 
 
@@ -45,7 +45,8 @@ class ControlTokens:
         return None
 
     def check_now(self, body: dict[str, Any]) -> None:
-        """A 400 naming the field when a chat's messages, tools or documents spell out a control token."""
+        """A 400 naming the field when what a chat template renders (messages, tools, documents, template options)
+        spells out a control token."""
         for field in CHECKED_FIELDS:
             for text in _strings(body.get(field)):
                 token = self.found_in(text)
