@@ -88,14 +88,17 @@ def test_chat_stream_sdk(client: openai.OpenAI) -> None:
 
 
 def test_stream_wire_format_ends_with_done(base_url: str, headers: dict) -> None:
-    body = {"model": TINY_MODEL_NAME, "prompt": "Once", "max_tokens": 4, "stream": True, "ignore_eos": True}
+    body = {"model": TINY_MODEL_NAME, "prompt": "Once", "max_tokens": 4, "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True}}
     with httpx.stream("POST", f"{base_url}/v1/completions", json=body, headers=headers, timeout=60) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         events = [line for line in response.iter_lines() if line]
     assert events[-1] == "data: [DONE]"
     payloads = [json.loads(event.removeprefix("data: ")) for event in events[:-1]]
-    assert len(payloads) >= 4
+    # vLLM joins the deltas a busy reader has not taken yet, so 4 tokens may come in fewer chunks
+    assert len(payloads) >= 2 and all(p["choices"] for p in payloads[:-1])
+    assert payloads[-1]["choices"] == [] and payloads[-1]["usage"]["completion_tokens"] == 4
     assert {p["object"] for p in payloads} == {"text_completion"}
 
 
