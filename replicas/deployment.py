@@ -70,7 +70,7 @@ class VLLMReplica(ReplicaBase):
         except Exception as exc:  # vLLM's own mapping: validation errors are 4xx, the rest 5xx
             result = create_error_response(exc)
         if isinstance(result, ErrorResponse):
-            yield self._failed(result.error.code, result.model_dump(), body)
+            yield self._failed(result.model_dump(), body)
             return
         if hasattr(result, "model_dump"):
             yield ReplicaReply(status=200, body=result.model_dump(exclude_none=True)).model_dump()
@@ -92,7 +92,7 @@ class VLLMReplica(ReplicaBase):
             raise
         if error is not None:
             await lines.aclose()
-            yield self._failed(_status_of(error), error, body)
+            yield self._failed(error, body)
             return
         yield ReplicaReply(status=200, stream=True).model_dump()
         for line in opening:
@@ -100,10 +100,10 @@ class VLLMReplica(ReplicaBase):
         async for line in lines:
             yield explain_error_event(line, body) if line.startswith(ERROR_EVENT) else line
 
-    def _failed(self, status: int, error: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+    def _failed(self, error: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
         """The reply to a request vLLM failed: the client's status (replicas/failed_replies.py), and what the
         engine served for it (its prompt, when the engine itself ended it)."""
-        client_status, client_body = as_client_error(status, error, body)
+        client_status, client_body = as_client_error(error, body)
         served = self.tracker.prompt_tokens(body["request_id"]) if is_engine_failure(error) else 0
         return ReplicaReply(status=client_status, body=client_body, served=served).model_dump()
 
@@ -171,12 +171,6 @@ class VLLMReplica(ReplicaBase):
         if engine is not None:
             engine.shutdown()
         return leaving
-
-
-def _status_of(error: dict[str, Any]) -> int:
-    """The HTTP status of a vLLM error event (its ``code``), 500 when it names none."""
-    code = error["error"].get("code")
-    return code if isinstance(code, int) and 400 <= code <= 599 else 500
 
 
 def _prepare_process_environment(cpu_binding: CpuBinding | None, cache_dir: str | None,

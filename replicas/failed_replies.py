@@ -41,11 +41,17 @@ def is_engine_failure(error_body: Any) -> bool:
     return isinstance(error, dict) and (error.get("type"), error.get("message")) == ENGINE_FAILURE
 
 
-def as_client_error(status: int, error_body: dict[str, Any], request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+def status_of(error_body: dict[str, Any]) -> int:
+    """The HTTP status of vLLM's error reply or event (its ``code``), 500 when it names none."""
+    code = error_body["error"].get("code")
+    return code if isinstance(code, int) and 400 <= code <= 599 else 500
+
+
+def as_client_error(error_body: dict[str, Any], request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """The status and body a client gets for vLLM's error reply ``error_body`` to ``request``."""
     fields = structured_output_fields(request)
     if not (is_engine_failure(error_body) and fields):
-        return status, error_body
+        return status_of(error_body), error_body
     names = " or ".join(f"`{field}`" for field in fields)
     message = (f"The engine could not generate under this request's {names}: its grammar admits no output the "
                "model can produce (for example a JSON schema that only refers to itself, or a pattern no string "
@@ -54,15 +60,13 @@ def as_client_error(status: int, error_body: dict[str, Any], request: dict[str, 
 
 
 def explain_error_event(line: str, request: dict[str, Any]) -> str:
-    """An SSE line of a stream past its first token, an error event rewritten as :func:`as_client_error` would
-    answer it (a grammar that dead-ends after some output: the engine fails the request there)."""
-    if not line.startswith(ERROR_EVENT):
-        return line
+    """An SSE line of a stream past its first token (the caller passes those that begin with ERROR_EVENT), an
+    error event rewritten as :func:`as_client_error` would answer it (a grammar that dead-ends after some
+    output: the engine fails the request there)."""
     event = _event(line)
-    if event is None:
+    if event is None or not isinstance(event.get("error"), dict):
         return line
-    code = event["error"].get("code") if isinstance(event.get("error"), dict) else None
-    _, body = as_client_error(code if isinstance(code, int) else 500, event, request)
+    _, body = as_client_error(event, request)
     return line if body is event else f"data: {json.dumps(body)}\n\n"
 
 

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from replicas.failed_replies import (as_client_error, explain_error_event, is_engine_failure, stream_opening,
-                                     structured_output_fields)
+from replicas.failed_replies import (as_client_error, explain_error_event, is_engine_failure, status_of,
+                                     stream_opening, structured_output_fields)
 
 ENGINE_FAILED = {"error": {"message": "Internal server error", "type": "InternalServerError", "param": None,
                            "code": 500}}
@@ -59,7 +59,7 @@ def test_the_fields_an_engine_compiles_into_a_grammar(body: dict, fields: list[s
 
 
 def test_an_engine_failure_under_a_grammar_is_the_requests_400_naming_its_field() -> None:
-    status, body = as_client_error(500, ENGINE_FAILED, {"structured_outputs": {"regex": "[^\\s\\S]"}})
+    status, body = as_client_error(ENGINE_FAILED, {"structured_outputs": {"regex": "[^\\s\\S]"}})
     assert status == 400
     assert body["error"]["param"] == "structured_outputs" and body["error"]["type"] == "BadRequestError"
     assert "`structured_outputs`" in body["error"]["message"]
@@ -72,7 +72,12 @@ def test_an_engine_failure_under_a_grammar_is_the_requests_400_naming_its_field(
      {"response_format": SCHEMA}),
 ])
 def test_other_errors_pass_unchanged(status: int, error: dict, request_body: dict) -> None:
-    assert as_client_error(status, error, request_body) == (status, error)
+    assert as_client_error(error, request_body) == (status, error)
+
+
+def test_the_status_is_the_errors_code_or_500() -> None:
+    assert status_of(ENGINE_FAILED) == 500 and status_of({"error": {"code": 422}}) == 422
+    assert status_of({"error": {"message": "no code"}}) == 500 and status_of({"error": {"code": "400"}}) == 500
 
 
 def test_only_vllms_generation_error_is_an_engine_failure() -> None:
