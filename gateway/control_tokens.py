@@ -17,9 +17,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from gateway.errors import InvalidValue
+from gateway.tokens import OFF_LOOP_ABOVE_CHARS
 
 CHECKED_FIELDS = ("messages", "tools", "documents", "chat_template_kwargs")  # what the template may render
-OFF_LOOP_ABOVE_CHARS = 4_000
 
 
 class ControlTokens:
@@ -57,7 +57,7 @@ class ControlTokens:
                         "chat (gateway.control_tokens_in_messages); escape them in the text.", param=field)
 
     async def check(self, body: dict[str, Any], body_chars: int) -> None:
-        """:meth:`check_now`, off the event loop for a long body."""
+        """:meth:`check_now`, off the event loop for a body long enough that counting it goes there too."""
         if body_chars > OFF_LOOP_ABOVE_CHARS:
             await asyncio.to_thread(self.check_now, body)
         else:
