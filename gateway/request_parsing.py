@@ -24,6 +24,7 @@ from starlette.requests import Request
 
 from gateway.errors import InvalidJSON, InvalidRequest, InvalidValue, PayloadTooLarge
 from gateway.json_bounds import KEPT_ITEMS, MAX_ERRORS, MAX_VALUES, cut, values_over
+from gateway.json_text import lone_surrogate_path
 from replicas.failed_replies import structured_output_fields
 
 Endpoint = Literal["chat", "completion"]
@@ -94,6 +95,11 @@ def parse_request(raw_body: bytes, endpoint: Endpoint, options: ClientOptions = 
 
     if values_over(body, len(raw_body)):
         raise InvalidJSON(f"The request body holds more than {MAX_VALUES} JSON values.")
+    surrogate_at = lone_surrogate_path(body, raw_body)
+    if surrogate_at is not None:
+        field = surrogate_at[:200]
+        raise InvalidValue(f"{field or 'The request body'}: a string holds an unpaired UTF-16 surrogate (an escape "
+                           "from \\ud800 to \\udfff without its pair), which is not text.", param=field or None)
     if endpoint == "chat" and options.chat_items:
         _check_chat_items(body.get("messages"), options.chat_items)
     try:

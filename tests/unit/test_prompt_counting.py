@@ -113,12 +113,13 @@ def test_a_request_that_asks_for_special_tokens_or_none_is_counted_so(counter: P
 
 @pytest.mark.parametrize("body, endpoint, param", [
     ({"model": "m", "prompt": "a\ud800b"}, "completion", "prompt"),
-    ({"model": "m", "prompt": ["fine", "a\ud800b"]}, "completion", "prompt"),
-    ({"model": "m", "messages": [{"role": "user", "content": "a\ud800"}]}, "chat", "messages"),
+    ({"model": "m", "prompt": ["fine", "a\ud800b"]}, "completion", "prompt.1"),
+    ({"model": "m", "messages": [{"role": "user", "content": "a\ud800"}]}, "chat", "messages.0.content"),
 ], ids=["prompt", "batch", "chat"])
 def test_text_the_tokenizer_cannot_encode_is_400(counter: PromptTokenCounter, body: dict, endpoint: str,
                                                  param: str) -> None:
-    """JSON may carry a lone UTF-16 surrogate; the tokenizer refuses it (a TypeError, which was a 500)."""
+    """JSON may carry a lone UTF-16 surrogate: the parser refuses it, naming the field (gateway/json_text.py),
+    before the tokenizer would (a TypeError, which was a 500)."""
     from gateway.errors import InvalidValue
 
     with pytest.raises(InvalidValue) as caught:

@@ -236,3 +236,27 @@ def test_a_chat_of_more_items_than_the_limit_is_400_before_validation(messages: 
     at_the_limit = [{"role": "user", "content": [{"type": "text", "text": "x"}] * 4095}]  # 4,096 items
     assert parse_request(_chat(messages=at_the_limit), "chat", limited).body
     assert parse_request(_chat(messages=messages), "chat", ClientOptions()).body  # 0: no limit
+
+
+@pytest.mark.parametrize(("endpoint", "raw", "param"), [
+    ("completion", rb'{"model": "\ud800", "prompt": "x"}', "model"),
+    ("completion", rb'{"model": "m", "prompt": "x", "stop": ["ok", "a\udfffb"]}', "stop.1"),
+    ("chat", rb'{"model": "m", "messages": [{"role": "user", "content": "a\uDBFFb"}]}', "messages.0.content"),
+    ("completion", rb'{"model": "m", "prompt": "x", "\ud800": 1}', None),  # a key: the object holding it
+])
+def test_an_unpaired_surrogate_is_400_naming_its_field(endpoint: str, raw: bytes, param: str | None) -> None:
+    # Python's json decodes a lone \ud800; the tokenizer, vLLM's stop strings and the error that quotes a bad
+    # model name then raise on it (500s before)
+    with pytest.raises(GatewayError) as caught:
+        parse_request(raw, endpoint)
+    error = caught.value.body()["error"]
+    assert (caught.value.status, error["code"], error["param"]) == (400, "invalid_value", param)
+    json.dumps(caught.value.body(), ensure_ascii=False).encode()  # the answer itself encodes
+
+
+@pytest.mark.parametrize("raw", [
+    rb'{"model": "m", "prompt": "\ud83d\ude00"}',  # a pair: one character
+    rb'{"model": "m", "prompt": "\\ud800"}',  # an escaped backslash: the text "\ud800"
+])
+def test_paired_surrogates_and_escaped_backslashes_pass(raw: bytes) -> None:
+    assert parse_request(raw, "completion").body["prompt"] in ("\U0001F600", "\\ud800")
