@@ -10,6 +10,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/local-redis.sh"
 # replicas), past the Serve proxy, about 10 ms sooner to a first token here (docs/operations.md). :8000 stays.
 # Ray reads it where the cluster starts, so it applies when `serve run` starts Ray itself (not RAY_ADDRESS).
 export RAY_SERVE_ENABLE_DIRECT_INGRESS="${RAY_SERVE_ENABLE_DIRECT_INGRESS:-1}"
+# The header guard in front of Ray Serve's own HTTP handling (gateway/http_guard.py: 431 over 64 KB of
+# headers; a request id Ray cannot read is replaced). Also read where the cluster starts.
+export RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH="${RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH:-gateway.http_guard.middlewares}"
 config="${1:-deploy/local.yaml}"
 [ $# -gt 0 ] && shift
 if [ -z "${LOCAL_REDIS_PIDFILE:-}" ]; then

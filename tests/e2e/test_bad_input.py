@@ -52,6 +52,34 @@ def test_invalid_utf8_is_400(base_url: str, api_keys: dict) -> None:
     _error(response, 400, "invalid_json")
 
 
+def test_an_unpaired_surrogate_is_400_naming_its_field(base_url: str, api_keys: dict) -> None:
+    # JSON may escape half a UTF-16 pair; the tokenizer, vLLM's stop strings and the error quoting a model
+    # name then failed on it (500s before)
+    headers = {**auth(api_keys["calm"]), "content-type": "application/json"}
+    for body, param in [(rb'{"model": "tiny-llama", "prompt": "ab", "stop": ["\ud800"], "max_tokens": 2}', "stop.0"),
+                        (rb'{"model": "\udfff", "prompt": "ab", "max_tokens": 2}', "model")]:
+        response = httpx.post(f"{base_url}/v1/completions", content=body, headers=headers, timeout=60)
+        assert _error(response, 400, "invalid_value")["param"] == param
+
+
+def test_headers_ray_serve_cannot_take_get_a_clear_answer_on_every_port(base_url: str, direct_urls: list[str],
+                                                                       api_keys: dict) -> None:
+    # Ray Serve reads x-request-id as UTF-8 itself (a Latin-1 byte was a plain-text 500), logs and echoes it
+    # whole, and takes headers of any size; the guard (gateway/http_guard.py) runs before it on each port
+    body = {"model": TINY_MODEL_NAME, "prompt": "ab", "max_tokens": 2}
+    for url in [base_url, *direct_urls]:
+        odd = httpx.post(f"{url}/v1/completions", json=body, timeout=60,
+                         headers={**auth(api_keys["calm"]), "x-request-id": b"r\xe9q"})
+        assert odd.status_code == 200, odd.text[:300]
+        assert odd.headers["x-request-id"] not in ("r\xe9q", "")  # a fresh one
+        kept = httpx.post(f"{url}/v1/completions", json=body, timeout=60,
+                          headers={**auth(api_keys["calm"]), "x-request-id": "mine-1"})
+        assert kept.headers["x-request-id"] == "mine-1"
+        huge = httpx.post(f"{url}/v1/completions", json=body, timeout=60,
+                          headers={**auth(api_keys["calm"]), "x-junk": "a" * (1 << 20)})
+        _error(huge, 431, "request_header_fields_too_large")
+
+
 @pytest.mark.parametrize("body", [
     b'{"model": "tiny-llama", "prompt": ' + b"[" * 20_000 + b"]" * 20_000 + b"}",  # nested too deeply
     b'{"model": "tiny-llama", "prompt": "x", "max_tokens": ' + b"9" * 5_000 + b"}",  # a 5,000-digit integer

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from gateway.http_guard import GUARD_ENV
 from tests.support.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +40,7 @@ def serve_run(config_file: Path, work_dir: Path, env: dict[str, str] | None = No
     test_config = work_dir / config_file.name
     test_config.write_text(yaml.safe_dump(document))
     log_path = work_dir / "serve-run.log"
-    env = {**os.environ, "RAY_ADDRESS": "local", "RAY_AUTH_MODE": "disabled", **(env or {})}
+    env = {**os.environ, "RAY_ADDRESS": "local", "RAY_AUTH_MODE": "disabled", **GUARD_ENV, **(env or {})}
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             ["serve", "run", str(test_config)], cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
