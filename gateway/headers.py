@@ -59,10 +59,11 @@ def read_tenant_id(headers: Mapping[str, str]) -> str | None:
 
 
 def _band(headers: Mapping[str, str], bands: list[str], objectives: Mapping[str, str]) -> str | None:
-    band = headers.get(PRIORITY)
-    if band is not None:
+    asked = headers.get(PRIORITY)
+    if asked is not None:
+        band = asked.strip().lower()  # band names are lowercase (fleet.config.BandConfig): "Batch" is batch
         if band not in bands:
-            raise InvalidHeader(f"Unknown {PRIORITY} {band!r}; use one of {bands}.", param=PRIORITY)
+            raise InvalidHeader(f"Unknown {PRIORITY} {asked[:64]!r}; use one of {bands}.", param=PRIORITY)
         return band
     objective = headers.get(OBJECTIVE)
     if objective is None:

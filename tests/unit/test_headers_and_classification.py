@@ -23,6 +23,7 @@ def test_priority_objective_alias_fairness_id_and_slo() -> None:
     both = read_headers({"x-priority": "batch", "x-gateway-inference-objective": "chat"}, BANDS, OBJECTIVES)
     assert both.band == "batch"  # x-priority wins
     assert read_headers({}, BANDS, OBJECTIVES).band is None
+    assert read_headers({"x-priority": " Batch "}, BANDS, OBJECTIVES).band == "batch"  # names are lowercase
 
 
 @pytest.mark.parametrize(("headers", "param"), [
