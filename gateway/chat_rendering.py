@@ -31,6 +31,7 @@ import logging
 from typing import Any
 
 from gateway.errors import InvalidValue
+from gateway.json_text import strings
 
 logger = logging.getLogger(__name__)
 
@@ -171,11 +172,7 @@ def _fetches_media(messages: list[Any]) -> bool:
 
 
 def _holds_url(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.lstrip()[:8].lower().startswith(("http://", "https://"))
-    if isinstance(value, dict | list):
-        return any(_holds_url(item) for item in (value.values() if isinstance(value, dict) else value))
-    return False
+    return any(text.lstrip()[:8].lower().startswith(("http://", "https://")) for text in strings(value, keys=False))
 
 
 def _unshared(messages: list[Any]) -> list[Any]:

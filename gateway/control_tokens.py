@@ -13,10 +13,10 @@ vLLM's Mistral tokenizer mode keeps text and control tokens apart, so there is n
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 from gateway.errors import InvalidValue
+from gateway.json_text import strings
 from gateway.tokens import OFF_LOOP_ABOVE_CHARS
 
 CHECKED_FIELDS = ("messages", "tools", "documents", "chat_template_kwargs")  # what the template may render
@@ -48,7 +48,7 @@ class ControlTokens:
         """A 400 naming the field when what a chat template renders (messages, tools, documents, template options)
         spells out a control token."""
         for field in CHECKED_FIELDS:
-            for text in _strings(body.get(field)):
+            for text in strings(body.get(field)):
                 token = self.found_in(text)
                 if token is not None:
                     raise InvalidValue(
@@ -72,17 +72,3 @@ def _reads_text_as_text(tokenizer: Any) -> bool:
     except ImportError:
         return False
     return isinstance(tokenizer, MistralTokenizer)
-
-
-def _strings(value: Any) -> Iterator[str]:
-    """Every string inside a JSON value, keys included."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            yield item
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)

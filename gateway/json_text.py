@@ -1,4 +1,7 @@
-"""Strings that no UTF-8 encoder takes: JSON lets ``\\ud800`` stand alone, Python decodes it, and every
+"""The strings inside a JSON value, and those that no UTF-8 encoder takes.
+
+:func:`strings` walks a parsed body's strings (the control-token check, the media-URL check). Strings no
+encoder takes: JSON lets ``\\ud800`` stand alone, Python decodes it, and every
 later step (the tokenizer, the engine's stop strings, the error message that quotes the field, a log line)
 then fails on it. Such a body is refused where it is parsed, with the field that holds it.
 
@@ -9,9 +12,25 @@ body without one is never walked.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Any
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def strings(value: Any, keys: bool = True) -> Iterator[str]:
+    """Every string inside a JSON value, object keys too unless ``keys`` is False."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, dict):
+            if keys:
+                stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def lone_surrogate_path(body: Any, raw_body: bytes) -> str | None:
