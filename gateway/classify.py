@@ -6,6 +6,7 @@ rate limits) and the response header all use this one count.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from fleet.config import QueueConfig
@@ -13,7 +14,7 @@ from gateway.control_tokens import ControlTokens
 from gateway.errors import ContextLengthExceeded, InvalidValue
 from gateway.output_bound import OutputBound
 from gateway.request_parsing import ParsedRequest
-from gateway.tokens import PromptTokenCounter
+from gateway.tokens import OFF_LOOP_ABOVE_CHARS, PromptTokenCounter
 from policies.classification import estimate_batch_cost
 
 
@@ -51,10 +52,12 @@ class RequestClassifier:
         they are refused (gateway/control_tokens.py). A prompt is counted as the engine will run it: after
         ``truncate_prompt_tokens``."""
         self._check_sequences(parsed)
-        if self._control_tokens is not None and parsed.endpoint == "chat":
-            await self._control_tokens.check(parsed.body, parsed.body_chars)
         keep = _kept_tokens(parsed.truncate_prompt_tokens, max_model_len)
-        prompts = await self._counter.count(parsed, within=keep if keep is not None else max_model_len or None)
+        within = keep if keep is not None else max_model_len or None
+        if parsed.body_chars > OFF_LOOP_ABOVE_CHARS:  # one trip off the event loop for both
+            prompts = await asyncio.to_thread(self._check_and_count, parsed, within)
+        else:
+            prompts = self._check_and_count(parsed, within)
         if keep is not None:
             prompts = [min(tokens, keep) for tokens in prompts]
         longest = max(prompts)
@@ -69,6 +72,11 @@ class RequestClassifier:
         cost = estimate_batch_cost(prompts, output, self._default_output_tokens,
                                    max_model_len or longest + self._default_output_tokens, parsed.sequences)
         return Classification(sum(prompts), self._lengths.classify(longest), cost)
+
+    def _check_and_count(self, parsed: ParsedRequest, within: int | None) -> list[int]:
+        if self._control_tokens is not None and parsed.endpoint == "chat":
+            self._control_tokens.check_now(parsed.body)
+        return self._counter.count_now(parsed, within)
 
     def _check_prompt_logprobs(self, parsed: ParsedRequest, prompt_tokens: int) -> None:
         # the engine computes log-probabilities over the vocabulary at every prompt position, and the replica

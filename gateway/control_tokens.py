@@ -12,12 +12,10 @@ vLLM's Mistral tokenizer mode keeps text and control tokens apart, so there is n
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from gateway.errors import InvalidValue
 from gateway.json_text import strings
-from gateway.tokens import OFF_LOOP_ABOVE_CHARS
 
 CHECKED_FIELDS = ("messages", "tools", "documents", "chat_template_kwargs")  # what the template may render
 
@@ -55,13 +53,6 @@ class ControlTokens:
                         f"{field}: holds the model's control token {token!r} as text, which the chat template would "
                         "turn into that token and so end or forge a turn. This gateway refuses control tokens in a "
                         "chat (gateway.control_tokens_in_messages); escape them in the text.", param=field)
-
-    async def check(self, body: dict[str, Any], body_chars: int) -> None:
-        """:meth:`check_now`, off the event loop for a body long enough that counting it goes there too."""
-        if body_chars > OFF_LOOP_ABOVE_CHARS:
-            await asyncio.to_thread(self.check_now, body)
-        else:
-            self.check_now(body)
 
 
 def _reads_text_as_text(tokenizer: Any) -> bool:

@@ -89,3 +89,19 @@ def test_vllms_mistral_tokenizer_keeps_text_apart_from_its_control_tokens() -> N
 
     tokenizer = MistralTokenizer.__new__(MistralTokenizer)  # its own encoding: text is never a control token
     assert ControlTokens(tokenizer)._by_prefix == {}
+
+
+def test_a_long_chat_is_checked_and_counted_in_one_trip_off_the_event_loop(tiny_model_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    trips = []
+    real = asyncio.to_thread
+
+    async def counted(function, *args, **kwargs):
+        trips.append(function.__name__)
+        return await real(function, *args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "to_thread", counted)
+    assert _classify(_chat(messages=[{"role": "user", "content": "a " * 3000}]), "chat", tiny_model_path).prompt_tokens
+    assert len(trips) == 1, trips
+    _classify(_chat(), "chat", tiny_model_path)
+    assert len(trips) == 1  # a short one stays on the loop
