@@ -30,6 +30,7 @@ from bench.headroom import (
 from bench.metrics import RequestRecord, percentile
 from bench.models import resolve
 from bench.prompts import Prompts
+from gateway.http_guard import GUARD_ENV
 from tests.support.serve_launcher import REPO_ROOT, serve_run
 from bench.systems import BAND_PRIORITY, PREFIX_AWARE
 from bench.workload import PlannedRequest, Scenario
@@ -125,7 +126,8 @@ class LiveRunner:
                     args["engine_kwargs"]["scheduling_policy"] = "priority"
                 if system == PREFIX_AWARE:
                     args["request_router"] = "prefix-aware"
-            config, env = self._baseline_config, serve_lag_env()
+            # Ray Serve LLM as shipped: without the gateway's header guard in its proxy (empty: Ray reads none)
+            config, env = self._baseline_config, {**serve_lag_env(), **dict.fromkeys(GUARD_ENV, "")}
         else:
             from tests.support.local_redis import running_redis
 
