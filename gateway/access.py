@@ -2,8 +2,11 @@
 
 ``Authorization: Bearer <key>`` names the tenant (401 for a missing, malformed or unknown key). Where
 ``access.allow_anonymous`` is on (the explicit local mode), a request without the header runs as the
-anonymous tenant, or, with ``trust_tenant_header``, as the tenant its ``x-tenant-id`` names. A key that is
-sent is always checked: an unknown key is a 401 in every mode.
+anonymous tenant, or, with ``trust_tenant_header``, as the tenant its ``x-tenant-id`` names. A key in this
+gateway's format (``fg-...``) is always checked: an unknown one is a 401 in every mode, so a mistyped or
+revoked key never runs quietly as someone else. In anonymous mode a bearer value of no key's format that
+names no tenant is a client's placeholder (the OpenAI SDKs need one; vLLM's docs send ``EMPTY``) and counts
+as no key.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections.abc import Mapping
 from gateway.config import AccessConfig
 from gateway.errors import PermissionDenied, Unauthenticated
 from gateway.headers import RequestHeaders, read_tenant_id
-from gateway.tenants import Tenant, TenantRegistry, hash_key
+from gateway.tenants import KEY_PREFIX, Tenant, TenantRegistry, hash_key
 from policies.priority import BandDecision, BandNotAllowed, resolve_band
 
 
@@ -41,10 +44,11 @@ class Access:
             if key is None:
                 raise Unauthenticated("The Authorization header must be 'Bearer <API key>'.")
             tenant = self.tenants.by_key(key)
-            if tenant is None:
+            if tenant is not None:
+                return tenant
+            if not self.config.allow_anonymous or key.startswith(KEY_PREFIX):
                 raise Unauthenticated("Invalid API key.")
-            return tenant
-        if not self.config.allow_anonymous:
+        elif not self.config.allow_anonymous:
             raise Unauthenticated("Missing API key: send 'Authorization: Bearer <API key>'.")
         tenant_id = self.config.anonymous_tenant
         if self.config.trust_tenant_header:

@@ -65,12 +65,20 @@ def test_401_without_a_valid_key(tmp_path: Path, authorization: str | None, mess
 
 
 def test_anonymous_mode_is_explicit_and_still_checks_sent_keys(tmp_path: Path) -> None:
-    access = _access(_file(tmp_path, new_key()), allow_anonymous=True, trust_tenant_header=True)
+    key = new_key()
+    access = _access(_file(tmp_path, key), allow_anonymous=True, trust_tenant_header=True)
     assert access.authenticate({}).id == "anonymous"
     assert access.authenticate({}).max_band == "batch"  # the file's anonymous entry applies
     assert access.authenticate({"x-tenant-id": "team-7"}).id == "team-7"
+    assert access.authenticate({"authorization": f"Bearer {key}", "x-tenant-id": "team-7"}).id == "acme"
+    for unknown in ("Bearer fg-revoked", f"Bearer {key[:-1]}", "Basic abc"):  # this gateway's format: checked
+        with pytest.raises(Unauthenticated):
+            access.authenticate({"authorization": unknown})
+    # a placeholder (the OpenAI SDKs need a key; vLLM's docs send EMPTY) is no key, here only
+    assert access.authenticate({"authorization": "Bearer EMPTY"}).id == "anonymous"
+    assert access.authenticate({"authorization": "Bearer EMPTY", "x-tenant-id": "team-7"}).id == "team-7"
     with pytest.raises(Unauthenticated):
-        access.authenticate({"authorization": "Bearer not-a-key"})
+        _access(_file(tmp_path, key)).authenticate({"authorization": "Bearer EMPTY"})
     untrusting = _access(None, allow_anonymous=True)
     assert untrusting.authenticate({"x-tenant-id": "team-7"}).id == "anonymous"
 
