@@ -198,6 +198,12 @@ class MetricsConfig(BaseModel):
 
     publish_interval_s: float = Field(2.0, gt=0, description="How often each process publishes to Redis.")
     tenant_labels: bool = Field(True, description="Label queue and request metrics by tenant.")
+    max_tenant_labels: int = Field(
+        1000, ge=0, description="Most tenant label values a gateway's metrics carry (each adds a series to every "
+        "per-tenant family): past them, tenants share the label `_other`, first come first labelled; the queue "
+        "gauges label the tenants with the most waiting. Bounds the series where tenants are many, or named by "
+        "`x-tenant-id` in the trusted-header mode. 0: no limit.",
+    )
     scrape_key_sha256: str | None = Field(
         default_factory=lambda: os.environ.get(SCRAPE_KEY_ENV) or None, pattern=r"^[0-9a-f]{64}$",
         description="When set, /metrics needs 'Authorization: Bearer <key>' with this SHA-256 (tenant keys do not "

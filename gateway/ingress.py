@@ -70,7 +70,7 @@ class Gateway:
     async def __init__(self, pools: dict[str, DeploymentHandle], config: dict[str, Any]) -> None:
         settings = AppConfig.model_validate(config)
         self._pools = Pools(pools)
-        self.metrics = GatewayMetrics(settings.metrics.tenant_labels)
+        self.metrics = GatewayMetrics(settings.metrics.tenant_labels, settings.metrics.max_tenant_labels)
         self._access = Access(settings.access, settings.queue.band_names, settings.queue.default_band)
         self._loop_lag = LoopLagMonitor(self.metrics.loop_lag.observe)
         self._loop_lag.start()
@@ -118,7 +118,9 @@ class Gateway:
                 await self._publisher.publish_now()
                 session = await self._admission.session()  # type: ignore[union-attr]
                 entries, snapshot = await self._board.read(), await session.queue.snapshot()
-                body = await asyncio.to_thread(render_fleet, entries, snapshot, self._settings.metrics.tenant_labels)
+                metrics = self._settings.metrics
+                body = await asyncio.to_thread(render_fleet, entries, snapshot, metrics.tenant_labels,
+                                               metrics.max_tenant_labels)
                 return Response(body, media_type=CONTENT_TYPE_LATEST)
             except Exception as exc:  # Redis down: this gateway's own series are still worth a scrape
                 logger.warning("fleet metrics unavailable (%s); serving this gateway's own", type(exc).__name__)

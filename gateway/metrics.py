@@ -19,12 +19,18 @@ LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2
 TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5, 5)
 
 
-class GatewayMetrics:
-    """Counters and histograms of one gateway replica. ``tenant_labels=False`` blanks the tenant label."""
+OTHER_TENANTS = "_other"  # the tenant label of tenants past the limit on label values
 
-    def __init__(self, tenant_labels: bool = True) -> None:
+
+class GatewayMetrics:
+    """Counters and histograms of one gateway replica. ``tenant_labels=False`` blanks the tenant label; past
+    ``max_tenant_labels`` distinct tenants (0: no limit), the others share :data:`OTHER_TENANTS`."""
+
+    def __init__(self, tenant_labels: bool = True, max_tenant_labels: int = 0) -> None:
         self.registry = CollectorRegistry()
         self._tenant_labels = tenant_labels
+        self._max_tenant_labels = max_tenant_labels
+        self._labelled: set[str] = set()
         r = self.registry
         self.tenants_file_stale = Gauge(
             "fleetgate_tenants_file_stale", "1 while the tenants file on disk failed to load and an older one is in "
@@ -59,8 +65,15 @@ class GatewayMetrics:
                                   ["band"], buckets=LATENCY_BUCKETS, registry=r)
 
     def tenant(self, tenant_id: str) -> str:
-        """The tenant label value (blank when tenant labels are off)."""
-        return tenant_id if self._tenant_labels else ""
+        """The tenant label value: blank when tenant labels are off, shared past the limit on label values."""
+        if not self._tenant_labels:
+            return ""
+        if tenant_id in self._labelled:
+            return tenant_id
+        if self._max_tenant_labels and len(self._labelled) >= self._max_tenant_labels:
+            return OTHER_TENANTS
+        self._labelled.add(tenant_id)
+        return tenant_id
 
     def observe_stream(self, band: str, arrived: float, chunk_times: list[float]) -> None:
         """TTFT and inter-token gaps of one streamed reply (monotonic times of its content chunks)."""

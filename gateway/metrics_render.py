@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from fleet.snapshot import QueueSnapshot
 from gateway.exposition_merge import merge_expositions
+from gateway.metrics import OTHER_TENANTS
 
 
 def render_fleet(entries: Iterable[tuple[dict[str, str], str]], snapshot: QueueSnapshot | None,
-                 tenant_labels: bool = True) -> bytes:
+                 tenant_labels: bool = True, max_tenant_labels: int = 0) -> bytes:
     """One Prometheus exposition: every source's families merged, plus the global queue's gauges (which
     replace any source's family of the same name)."""
-    queue = queue_families(snapshot, tenant_labels) if snapshot is not None else []
+    queue = queue_families(snapshot, tenant_labels, max_tenant_labels) if snapshot is not None else []
     merged = merge_expositions(entries, skip=frozenset(family.name for family in queue))
     if not queue:
         return merged.encode()
@@ -24,8 +26,9 @@ def render_fleet(entries: Iterable[tuple[dict[str, str], str]], snapshot: QueueS
     return merged.encode() + generate_latest(registry)
 
 
-def _band_families(snapshot: QueueSnapshot, tenant_labels: bool) -> list[Metric]:
-    """What waits in each band, in all and per tenant (one unlabelled total when tenant labels are off)."""
+def _band_families(snapshot: QueueSnapshot, tenant_labels: bool, max_tenant_labels: int) -> list[Metric]:
+    """What waits in each band, in all and per tenant (one unlabelled total when tenant labels are off; past
+    ``max_tenant_labels`` tenants in a band, those with the least waiting summed as :data:`OTHER_TENANTS`)."""
     depth = GaugeMetricFamily("fleetgate_queue_depth", "Tickets waiting in the global queue.", labels=["band", "tenant"])
     tokens = GaugeMetricFamily("fleetgate_queued_tokens", "Estimated tokens of the waiting tickets.",
                                labels=["band", "tenant"])
@@ -33,8 +36,10 @@ def _band_families(snapshot: QueueSnapshot, tenant_labels: bool) -> list[Metric]
     for band in snapshot.bands:
         band_depth.add_metric([band.name], band.queued)
         per_tenant: dict[str, list[int]] = {}
+        labelled = _most_waiting(band.tenants, max_tenant_labels) if tenant_labels else set()
         for tenant, waiting in band.tenants.items():
-            total = per_tenant.setdefault(tenant if tenant_labels else "", [0, 0])
+            label = (tenant if tenant in labelled else OTHER_TENANTS) if tenant_labels else ""
+            total = per_tenant.setdefault(label, [0, 0])
             total[0] += waiting.queued
             total[1] += waiting.queued_tokens
         for tenant, (count, queued_tokens) in sorted(per_tenant.items()):
@@ -43,7 +48,14 @@ def _band_families(snapshot: QueueSnapshot, tenant_labels: bool) -> list[Metric]
     return [depth, tokens, band_depth]
 
 
-def queue_families(snapshot: QueueSnapshot, tenant_labels: bool = True) -> list[Metric]:
+def _most_waiting(tenants: dict[str, Any], limit: int) -> set[str]:
+    if not limit or len(tenants) <= limit:
+        return set(tenants)
+    ranked = sorted(tenants, key=lambda tenant: (-tenants[tenant].queued, tenant))
+    return set(ranked[:limit])
+
+
+def queue_families(snapshot: QueueSnapshot, tenant_labels: bool = True, max_tenant_labels: int = 0) -> list[Metric]:
     """The global queue's state as gauges: per band and tenant, per replica, and its event totals."""
     replica_gauges = {
         name: GaugeMetricFamily(f"fleetgate_replica_{name}", doc, labels=["replica", "pool"])
@@ -96,8 +108,8 @@ def queue_families(snapshot: QueueSnapshot, tenant_labels: bool = True) -> list[
     events = Metric("fleetgate_queue_events", "Global queue events since the queue began (all gateways).", "counter")
     for event, count in sorted(snapshot.stats.items()):
         events.add_sample("fleetgate_queue_events_total", {"event": event.replace(":", "_")}, count)
-    return [*_band_families(snapshot, tenant_labels), *replica_gauges.values(), *signals.values(), gate_open,
-            clock_behind, events]
+    return [*_band_families(snapshot, tenant_labels, max_tenant_labels), *replica_gauges.values(), *signals.values(),
+            gate_open, clock_behind, events]
 
 
 

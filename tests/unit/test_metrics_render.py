@@ -59,6 +59,20 @@ def test_tenant_labels_can_be_blanked() -> None:
     assert GatewayMetrics(tenant_labels=False).tenant("acme") == ""
 
 
+def test_tenant_label_values_are_bounded() -> None:
+    metrics = GatewayMetrics(max_tenant_labels=2)
+    assert [metrics.tenant(t) for t in ("a", "b", "c", "a", "d", "b")] == ["a", "b", "_other", "a", "_other", "b"]
+    assert GatewayMetrics().tenant("z") == "z"  # no limit
+    tenants = {name: {"queued": queued, "queued_tokens": 10 * queued} for name, queued in
+               [("small", 1), ("big", 5), ("mid", 3), ("tiny", 1)]}
+    snapshot = QueueSnapshot.model_validate({"bands": [{"name": "b", "queued": 10, "queued_tokens": 100,
+                                                        "tenants": tenants}], "replicas": [], "stats": {}})
+    depth = {labels: value for (name, labels), value in _samples(render_fleet([], snapshot, max_tenant_labels=2)).items()
+             if name == "fleetgate_queue_depth"}
+    assert depth == {(("band", "b"), ("tenant", "big")): 5, (("band", "b"), ("tenant", "mid")): 3,
+                     (("band", "b"), ("tenant", "_other")): 2}  # the most waiting keep their labels
+
+
 def test_the_queue_clock_behind_the_wall_clock_is_exported() -> None:
     snapshot = QueueSnapshot.model_validate({"now_ms": 1_000_000, "wall_ms": 1_012_500, "bands": [], "replicas": [],
                                              "stats": {}})
