@@ -156,9 +156,21 @@ def _status_view(queue: Any, board: Any, shown_url: str) -> str:
 def _app_args(config_file: str) -> dict[str, Any]:
     from gateway.config import AppConfig
 
-    document = yaml.safe_load(Path(config_file).read_text())
+    document = yaml.safe_load(_config_path(config_file).read_text())
     config = AppConfig.model_validate(document["applications"][0]["args"])
     return {"queue": config.queue, "access": config.access}
+
+
+def _config_path(name: str) -> Path:
+    """``name`` from here, else from the checkout this command was installed from (the default,
+    deploy/local.yaml, then works from any directory)."""
+    path = Path(name)
+    if path.exists() or path.is_absolute():
+        return path
+    installed = Path(__file__).resolve().parents[1] / name
+    if installed.exists():
+        return installed
+    raise FileNotFoundError(f"no Serve config at {name}: pass --config with the one the deployment runs")
 
 
 def _redacted(url: str) -> str:

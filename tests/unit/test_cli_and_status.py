@@ -97,3 +97,12 @@ def test_an_unknown_tenant_is_named_plainly(tmp_path: Path, capsys: pytest.Captu
     (tmp_path / "t.yaml").write_text("tenants:\n  - id: a\n")
     assert main(["tenants", "add-key", str(tmp_path / "t.yaml"), "b"]) == 2
     assert capsys.readouterr().err == f"fleetgate: no tenant 'b' in {tmp_path / 't.yaml'} (use --create to add it)\n"
+
+
+def test_the_default_config_is_found_from_any_directory(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    shipped = Path(__file__).resolve().parents[2] / "deploy" / "tenants.yaml"
+    monkeypatch.chdir(tmp_path)  # no deploy/ here: the installed checkout's deploy/local.yaml is used
+    assert main(["tenants", "check", str(shipped)]) == 0
+    assert main(["tenants", "check", str(shipped), "--config", "missing.yaml"]) == 2
+    assert "no Serve config at missing.yaml: pass --config" in capsys.readouterr().err
