@@ -3,6 +3,7 @@
     fleetgate tenants add-key FILE TENANT [--key-id ID] [--create]   make a key, store its hash, print it once
     fleetgate tenants revoke-key FILE TENANT KEY_ID                   remove a key
     fleetgate tenants check FILE [--config deploy/local.yaml]         validate the file against the bands
+    fleetgate check CONFIG                                             what building the config would refuse
     fleetgate status [--config deploy/local.yaml] [--watch SECONDS]   bands, tenants, replicas, gateways
 
 Editing keeps the file's comments and layout (ruamel.yaml) and replaces it atomically, so a gateway
@@ -60,6 +61,10 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--config", default="deploy/local.yaml", help="Serve config whose bands to check against")
     check.set_defaults(run=_check)
 
+    check_config = commands.add_parser("check", help="check a serve run config before deploying it")
+    check_config.add_argument("config", help="the Serve config file (e.g. deploy/gpu.yaml)")
+    check_config.set_defaults(run=_check_config)
+
     status = commands.add_parser("status", help="the live state of the global queue")
     status.add_argument("--config", default="deploy/local.yaml", help="Serve config (namespace, bands, Redis URL)")
     status.add_argument("--redis-url", help="Redis URL (default: REDIS_URL, else the config's)")
@@ -113,6 +118,17 @@ def _check(args: argparse.Namespace) -> int:
     keys = sum(len(t.api_keys) for t in tenants.tenants)
     print(f"{args.file}: {len(tenants.tenants)} tenants, {keys} keys, bands {bands}: ok")
     return 0
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    from gateway.config_check import check_config
+
+    problems, summaries = check_config(Path(args.config))
+    for line in problems:
+        print(f"fleetgate: {line}", file=sys.stderr)
+    for line in summaries:
+        print(f"{args.config}: {line}: ok")
+    return 2 if problems else 0
 
 
 def _status(args: argparse.Namespace) -> int:
