@@ -7,6 +7,7 @@ the first message of every reply is a :class:`ReplicaReply` header, then (for st
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Literal
@@ -61,6 +62,7 @@ class ReplicaBase:
         self.tracker = RequestTracker()
         self.outcomes = CallOutcomes()
         self._served_when_cut: dict[str, int | None] = {}
+        self._engine_at_cut: dict[str, int | None] = {}  # a cut stream's engine count, read before the abort
 
     async def _join_fleet(self, slots: int, kv_tokens: int, step_tokens: int, prefill_chunk: int,
                           publish_metrics: bool) -> ReplicaCapacity:
@@ -134,7 +136,8 @@ class ReplicaBase:
         try:
             first = True
             interval_s = self.spec.stream_batching_interval_ms / 1000 if body.get("stream") else 0.0
-            async for message in batched_lines(aiter(replies), interval_s):
+            on_cut = functools.partial(self._stream_cut, key) if body.get("stream") else None
+            async for message in batched_lines(aiter(replies), interval_s, on_cut=on_cut):
                 if first and isinstance(message, str):  # the stream's first line: the engine has started it
                     self.tracker.started(key)
                     first = False
@@ -142,9 +145,11 @@ class ReplicaBase:
                     served = _served_in(message)
                 yield message
         finally:
+            at_cut = self._engine_at_cut.pop(key, None)
             if ticket_id is not None:  # a stream: the engine's latest count, lines held for batching included
-                self.outcomes.end(ticket_id, self._served_when_cut.pop(key, served if served is not None
-                                                                        else replies.total_tokens()))
+                seen = self._served_when_cut.pop(key, served if served is not None else replies.total_tokens())
+                known = [count for count in (seen, at_cut) if count is not None]
+                self.outcomes.end(ticket_id, max(known) if known else None)
             self.tracker.leave(key)
             self.engine_stepped()  # an abort changes the engine's state without a step
 
@@ -153,6 +158,12 @@ class ReplicaBase:
         before the reply): see :class:`replicas.call_outcomes.CallOutcomes`. ``granted_replica`` routes this
         call to the replica the grant names."""
         return await self.outcomes.served(ticket_id, timeout_s)
+
+    async def _stream_cut(self, key: str) -> None:
+        """A stream its caller cut, before the cancel reaches the engine: what the engine served for it (the
+        tokens of lines the reply had not read yet included, which are charged). A subclass that can also
+        abort the engine request here does, so that nothing more is served past this count."""
+        self._engine_at_cut[key] = self.engine_served().get(key)
 
     def cut_short(self, key: str, served: int | None) -> None:
         """Request ``key`` was cancelled having served ``served`` tokens (the engine's count, if known)."""

@@ -107,6 +107,12 @@ class VLLMReplica(ReplicaBase):
         served = self.tracker.prompt_tokens(body["request_id"]) if is_engine_failure(error) else 0
         return ReplicaReply(status=client_status, body=client_body, served=served).model_dump()
 
+    async def _stream_cut(self, key: str) -> None:
+        # counted, then aborted with no turn of the event loop between: vLLM's output processor drops (and
+        # its counters skip) whatever the engine sends for the request after the count was read
+        await super()._stream_cut(key)
+        await self._abort_in_engine(key)
+
     async def _unless_cut_short(self, key: str, work: Awaitable[Any]) -> Any:
         """vLLM's full reply to request ``key``. If the caller is cancelled first, the engine finishes the
         request now (reason "abort", with its output so far), and its usage is recorded before re-raising."""

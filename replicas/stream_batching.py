@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 Item = TypeVar("Item")
@@ -83,24 +83,27 @@ def _messages(taken: list[object]) -> tuple[list[object], BaseException | None, 
 
 
 async def batched_lines(items: AsyncIterator[Item], interval_s: float,
-                        clock: Callable[[], float] = time.monotonic) -> AsyncIterator[Item | str]:
+                        clock: Callable[[], float] = time.monotonic,
+                        on_cut: Callable[[], Awaitable[None]] | None = None) -> AsyncIterator[Item | str]:
     """``items`` with its strings joined into at most one message per ``interval_s`` (0: each as it comes);
     an interval opens when a message that :func:`carries_output` is sent. Anything but a string (a reply's
     header) flushes what is held and passes at once. Closing this generator (the caller cancelled) cancels
-    the read of ``items``, as iterating ``items`` directly would."""
-    if interval_s <= 0:
+    the read of ``items``, as iterating ``items`` directly would; ``on_cut`` runs first, while what ``items``
+    reads from is still untouched by the cancel (the replica counts and aborts the engine request there)."""
+    if interval_s <= 0 and on_cut is None:
         async for item in items:
             yield item
         return
     ahead = _ReadAhead(items)
     last_flush: float | None = None
+    ended = False
     try:
         while True:
             first = await ahead.arrived.get()
             wait = 0.0 if last_flush is None or not isinstance(first, str) else last_flush + interval_s - clock()
             if wait > 0:
                 await ahead.hold(wait)  # until the interval closes, or the items end
-            messages, error, ended = _messages(ahead.take(first))
+            messages, error, ended = _messages(ahead.take(first) if interval_s > 0 else [first])
             for message in messages:
                 yield message
                 if isinstance(message, str) and carries_output(message):
@@ -110,4 +113,6 @@ async def batched_lines(items: AsyncIterator[Item], interval_s: float,
             if ended:
                 return
     finally:
+        if not ended and on_cut is not None:
+            await on_cut()
         await ahead.close()

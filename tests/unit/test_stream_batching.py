@@ -90,6 +90,35 @@ async def test_closing_the_batched_stream_closes_its_source() -> None:
     assert source.closed
 
 
+@pytest.mark.parametrize("interval_s", [3600, 0])
+async def test_a_cut_stream_runs_on_cut_before_its_source_sees_the_cancel(interval_s: float) -> None:
+    # the replica reads its engine's count for the request there: after the cancel, vLLM has aborted it
+    source, seen_open = Source(), []
+    async def cut() -> None:
+        seen_open.append(not source.closed)
+
+    stream = batched_lines(source.lines(), interval_s=interval_s, clock=ManualClock(0.0), on_cut=cut)
+    source.queue.put_nowait("a")
+    assert await _next(stream) == "a"
+    waiting = asyncio.ensure_future(stream.__anext__())
+    await asyncio.sleep(0.01)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert seen_open == [True] and source.closed
+
+
+async def test_a_stream_that_ends_is_not_cut() -> None:
+    source, cuts = Source(), []
+    for item in ("a", "b", None):
+        source.queue.put_nowait(item)
+    async def cut() -> None:
+        cuts.append(1)
+
+    stream = batched_lines(source.lines(), interval_s=0, on_cut=cut)
+    assert [item async for item in stream] == ["a", "b"] and cuts == []  # no interval: each as it comes
+
+
 async def test_no_interval_passes_every_item_as_it_comes() -> None:
     source = Source()
     for item in ("a", "b", None):
