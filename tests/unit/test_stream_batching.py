@@ -108,6 +108,23 @@ async def test_a_cut_stream_runs_on_cut_before_its_source_sees_the_cancel(interv
     assert seen_open == [True] and source.closed
 
 
+async def test_a_failing_on_cut_still_closes_the_source() -> None:
+    source = Source()
+
+    async def broken() -> None:
+        raise RuntimeError("engine gone")
+
+    stream = batched_lines(source.lines(), interval_s=3600, clock=ManualClock(0.0), on_cut=broken)
+    source.queue.put_nowait("a")
+    assert await _next(stream) == "a"
+    waiting = asyncio.ensure_future(stream.__anext__())
+    await asyncio.sleep(0.01)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):  # the cancel, not the hook's error
+        await waiting
+    assert source.closed
+
+
 async def test_a_stream_that_ends_is_not_cut() -> None:
     source, cuts = Source(), []
     for item in ("a", "b", None):
