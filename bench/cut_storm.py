@@ -26,10 +26,22 @@ ENGINE_COUNTERS = {"vllm:prompt_tokens", "vllm:generation_tokens"}
 
 
 def _totals(url: str, tenant: str) -> tuple[float, float]:
-    """(the engines' token counters, the tenant's charge), once the engines' hold still for 3 s."""
+    """(the engines' token counters, the tenant's charge), once both hold still for 3 s and every registered
+    replica has published its counters (a replica's first publish carries its warm-up request's tokens)."""
     last, since = None, time.monotonic()
     while True:
-        families = list(text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text))
+        reply = httpx.get(f"{url}/metrics", timeout=30)
+        if reply.status_code != 200:  # the deployment is still coming up
+            time.sleep(0.5)
+            continue
+        families = list(text_string_to_metric_families(reply.text))
+        replicas = sum(len(f.samples) for f in families if f.name == "fleetgate_replica_slots_in_use")
+        published = sum(1 for f in families if f.name == "vllm:prompt_tokens" for s in f.samples
+                        if s.name.endswith("_total"))
+        if published < max(1, replicas):
+            last = None
+            time.sleep(0.5)
+            continue
         engines = sum(s.value for f in families if f.name in ENGINE_COUNTERS for s in f.samples
                       if s.name.endswith("_total"))
         charged = sum(s.value for f in families if f.name == "fleetgate_served_tokens" for s in f.samples
