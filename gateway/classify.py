@@ -76,7 +76,7 @@ class RequestClassifier:
     def _check_and_count(self, parsed: ParsedRequest, within: int | None) -> list[int]:
         if self._control_tokens is not None and parsed.endpoint == "chat":
             self._control_tokens.check_now(parsed.body)
-        return self._counter.count_now(parsed, within)
+        return self._counter.count(parsed, within)
 
     def _check_prompt_logprobs(self, parsed: ParsedRequest, prompt_tokens: int) -> None:
         # the engine computes log-probabilities over the vocabulary at every prompt position, and the replica

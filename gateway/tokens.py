@@ -1,7 +1,7 @@
 """Count a request's prompt tokens with the served model's own tokenizer (chat template applied).
 
 Counted once, at the gateway, and passed on: the cost estimate, the length class and the context check all
-use this number. Long prompts are tokenized in a worker thread so the event loop keeps serving.
+use this number. The classifier tokenizes long prompts in a worker thread so the event loop keeps serving.
 
 Counting is bounded the way vLLM bounds its own tokenizing: a text longer than ``within`` tokens could
 possibly hold (the longest token of the vocabulary, in characters, times ``within``) is not tokenized at all,
@@ -10,14 +10,13 @@ so a client's megabytes of prompt cost the gateway a length check, not seconds o
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from gateway.chat_rendering import build_chat_renderer
 from gateway.errors import InvalidValue
 from gateway.request_parsing import ParsedRequest, prompts_of
 
-OFF_LOOP_ABOVE_CHARS = 4_000
+OFF_LOOP_ABOVE_CHARS = 4_000  # a body longer than this is counted (and checked) off the event loop
 
 
 class PromptTokenCounter:
@@ -38,16 +37,10 @@ class PromptTokenCounter:
         """The model's tokenizer."""
         return self._tokenizer
 
-    async def count(self, parsed: ParsedRequest, within: int | None = None) -> list[int]:
-        """Tokens of each prompt of ``parsed`` (one for a chat; a completion may send a batch), off the event
-        loop when the body is long. A prompt whose text cannot fit in ``within`` tokens counts ``within + 1``,
-        untokenized."""
-        if parsed.body_chars > OFF_LOOP_ABOVE_CHARS:
-            return await asyncio.to_thread(self.count_now, parsed, within)
-        return self.count_now(parsed, within)
-
-    def count_now(self, parsed: ParsedRequest, within: int | None = None) -> list[int]:
-        """Tokens of each prompt of ``parsed``, on the calling thread (``within`` as in :meth:`count`)."""
+    def count(self, parsed: ParsedRequest, within: int | None = None) -> list[int]:
+        """Tokens of each prompt of ``parsed`` (one for a chat; a completion may send a batch), on the calling
+        thread: the classifier takes a long body off the event loop (:data:`OFF_LOOP_ABOVE_CHARS`). A prompt
+        whose text cannot fit in ``within`` tokens counts ``within + 1``, untokenized."""
         if parsed.endpoint == "chat":
             return [self._chat_tokens(parsed.body, within)]
         special = bool(parsed.body.get("add_special_tokens", True))

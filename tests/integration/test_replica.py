@@ -124,8 +124,8 @@ async def test_the_gateway_counts_a_chat_as_this_replica_renders_it(replica, tin
     served = header["body"]["usage"]["prompt_tokens"]
     model = str(tiny_model_path)
     parsed = parse_request(json.dumps(body).encode(), "chat")
-    assert PromptTokenCounter(model, ENGINE.to_cli_args(model, TINY_MODEL_NAME)).count_now(parsed) == [served]
-    assert PromptTokenCounter(model).count_now(parsed) != [served]  # the model folder alone renders otherwise
+    assert PromptTokenCounter(model, ENGINE.to_cli_args(model, TINY_MODEL_NAME)).count(parsed) == [served]
+    assert PromptTokenCounter(model).count(parsed) != [served]  # the model folder alone renders otherwise
 
 
 async def test_prompt_over_context_is_a_400_from_vllm(replica) -> None:

@@ -3,7 +3,6 @@ it: list content against a string template, ``content: null`` beside tool calls,
 results in parts and tools as vLLM's protocol dumps them. Each expectation below writes vLLM's preparation out
 by hand, so a count of the raw messages fails it."""
 
-import asyncio
 import copy
 import json
 import shutil
@@ -31,7 +30,7 @@ def counter(tiny_model_path: Path) -> PromptTokenCounter:
 
 
 def _count(counter: PromptTokenCounter, body: dict) -> int:
-    [tokens] = asyncio.run(counter.count(parse_request(json.dumps({"model": "m", **body}).encode(), "chat")))
+    [tokens] = counter.count(parse_request(json.dumps({"model": "m", **body}).encode(), "chat"))
     return tokens
 
 

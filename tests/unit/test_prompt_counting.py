@@ -1,7 +1,6 @@
 """The gateway counts a prompt as vLLM does (the chat template rendered, then tokenized without special
 tokens), and never tokenizes a text longer than the context could hold (vLLM's own bound)."""
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ def counter(tiny_model_path: Path) -> PromptTokenCounter:
 
 
 def _count(counter: PromptTokenCounter, body: dict, endpoint: str, within: int | None = None) -> list[int]:
-    return asyncio.run(counter.count(parse_request(json.dumps(body).encode(), endpoint), within))
+    return counter.count(parse_request(json.dumps(body).encode(), endpoint), within)
 
 
 @pytest.mark.parametrize("body", [
