@@ -26,6 +26,8 @@ from typing import Any
 
 from starlette.middleware import Middleware
 
+from gateway.errors import error_body  # fastapi, which it imports, is loaded in Ray's proxy already
+
 GUARD_ENV = {"RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "gateway.http_guard.middlewares"}
 MAX_HEADER_BYTES = 64 * 1024  # Envoy's default for all headers of a request; nginx allows 4 x 8 KB lines
 MAX_REQUEST_ID_CHARS = 128
@@ -77,10 +79,8 @@ def _readable(name: bytes, value: bytes) -> bool:
 
 
 async def _refuse_headers(send: Callable, size: int, limit: int) -> None:
-    body = json.dumps({"error": {
-        "message": f"The request's headers are {size} bytes; this gateway takes at most {limit}.",
-        "type": "invalid_request_error", "param": None, "code": "request_header_fields_too_large",
-    }}).encode()
+    body = json.dumps(error_body(f"The request's headers are {size} bytes; this gateway takes at most {limit}.",
+                                 "invalid_request_error", "request_header_fields_too_large")).encode()
     await send({"type": "http.response.start", "status": 431, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
         (b"connection", b"close"),
