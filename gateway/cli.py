@@ -165,8 +165,11 @@ def _status_view(queue: Any, board: Any, shown_url: str) -> str:
     sources = queue.run(board.live_sources())
     stale = [labels.get("gateway", "?") for labels, text in published
              if re.search(r"^fleetgate_tenants_file_stale 1", text, re.MULTILINE)]
+    unguarded = [labels.get("gateway", "?") for labels, text in published
+                 if re.search(r"^fleetgate_header_guard_missing 1", text, re.MULTILINE)]
     snapshot = queue.snapshot()
-    return render_status(snapshot, queue.keys.namespace, shown_url, sources, stale, lua_form=queue.lua.form)
+    return render_status(snapshot, queue.keys.namespace, shown_url, sources, stale, lua_form=queue.lua.form,
+                         unguarded=unguarded)
 
 
 def _app_args(config_file: str) -> dict[str, Any]:

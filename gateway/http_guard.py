@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from starlette.middleware import Middleware
@@ -37,6 +37,21 @@ ASGIApp = Callable[[Scope, Callable[[], Awaitable[dict]], Callable[[dict], Await
 
 _REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,%d}" % MAX_REQUEST_ID_CHARS)
 _SESSION_ID = os.environ.get("RAY_SERVE_SESSION_ID_HEADER_KEY", "x-session-id").lower().encode()
+
+
+def guard_installed(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether the Ray node this process runs on was started with the guard: Ray's workers inherit the
+    environment its node started with, as its proxy does."""
+    (name, path), = GUARD_ENV.items()
+    return environ.get(name) == path
+
+
+def missing_guard_advice() -> str:
+    """What an operator does about a node started without the guard."""
+    (name, path), = GUARD_ENV.items()
+    return (f"Ray on this node was started without fleetgate's header guard, so headers of any size reach the "
+            f"gateway and a request id Ray cannot decode is a plain-text 500: start Ray with {name}={path} "
+            "(scripts/serve-local.sh and the KubeRay manifest do)")
 
 
 def middlewares() -> list[Middleware]:

@@ -24,6 +24,7 @@ from gateway.admission import QueueAdmission, admission_for
 from gateway.classify import RequestClassifier
 from gateway.config import AppConfig
 from gateway.errors import GatewayError, MethodNotAllowed, RouteNotFound, error_body
+from gateway.http_guard import guard_installed, missing_guard_advice
 from gateway.body_parser import BodyParser
 from gateway.lifecycle import RequestLifecycle
 from gateway.metrics import GatewayMetrics
@@ -75,6 +76,9 @@ class Gateway:
         self._loop_lag = LoopLagMonitor(self.metrics.loop_lag.observe)
         self._loop_lag.start()
         self.metrics.tenants_file_stale.set_function(lambda: float(self._access.tenants.reload_failed is not None))
+        if not guard_installed():
+            self.metrics.header_guard_missing.set(1)
+            logger.warning(missing_guard_advice())
         self._settings = settings
         preload_protocol_models()
         self._body_parser = BodyParser(settings.gateway.dense_body_values)

@@ -35,6 +35,10 @@ class GatewayMetrics:
         self.tenants_file_stale = Gauge(
             "fleetgate_tenants_file_stale", "1 while the tenants file on disk failed to load and an older one is in "
             "force (a key revoked in it may still work): fix the file.", registry=self.registry)
+        self.header_guard_missing = Gauge(
+            "fleetgate_header_guard_missing", "1 when Ray on this gateway's node was started without the header "
+            "guard (gateway/http_guard.py): oversized or undecodable headers then reach Ray Serve unchecked.",
+            registry=self.registry)
         self.requests = Counter("fleetgate_requests", "Requests answered, by HTTP status.",
                                 ["tenant", "band", "status"], registry=r)
         self.rejections = Counter("fleetgate_rejections", "Requests turned away at admission, by reason.",

@@ -6,13 +6,16 @@ import datetime
 from typing import Any
 
 from fleet.snapshot import QueueSnapshot, ReplicaState
+from gateway.http_guard import GUARD_ENV
 
 
 def render_status(snapshot: QueueSnapshot, namespace: str, redis_url: str, sources: list[str],
-                  stale_tenants_file: list[str] | None = None, lua_form: str = "") -> str:
+                  stale_tenants_file: list[str] | None = None, lua_form: str = "",
+                  unguarded: list[str] | None = None) -> str:
     """A plain-text view of the global queue (one consistent snapshot); ``stale_tenants_file``: the gateways
     whose tenants file failed to reload (an older one is in force); ``lua_form``: how this Redis runs the
-    queue's Lua for this account ("functions" or "scripts", fleet/lua_calls.py)."""
+    queue's Lua for this account ("functions" or "scripts", fleet/lua_calls.py); ``unguarded``: the gateways
+    on nodes whose Ray started without the header guard (gateway/http_guard.py)."""
     now = datetime.datetime.fromtimestamp((snapshot.wall_ms or snapshot.now_ms) / 1000, datetime.UTC)
     lua = f"  lua={lua_form}" if lua_form else ""
     lines = [f"fleetgate status  namespace={namespace}  redis={redis_url}{lua}  {now:%Y-%m-%d %H:%M:%S} UTC", ""]
@@ -22,6 +25,10 @@ def render_status(snapshot: QueueSnapshot, namespace: str, redis_url: str, sourc
     for gateway in stale_tenants_file or []:
         lines += [f"WARNING: gateway {gateway} could not reload the tenants file; an older one is in force "
                   "(a revoked key may still work). Check it: fleetgate tenants check FILE", ""]
+    (guard_name, guard_path), = GUARD_ENV.items()
+    for gateway in unguarded or []:
+        lines += [f"WARNING: gateway {gateway} runs on a node whose Ray started without the header guard: set "
+                  f"{guard_name}={guard_path} where Ray starts (docs/operations.md)", ""]
     lines += _table(
         ["BAND", "QUEUED (HELD)", "QUEUED TOKENS", "WAITING TENANTS", "GATE"],
         [[band.name, band.queued, band.queued_tokens, len(band.tenants),

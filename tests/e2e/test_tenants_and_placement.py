@@ -361,6 +361,8 @@ def test_metrics_show_every_gateway_replica_and_the_queue(base_url: str, api_key
                for s in families["fleetgate_inter_token_latency_seconds"].samples)
     assert any(s.name.endswith("_count") for s in families["fleetgate_queue_wait_seconds"].samples)
     assert "fleetgate_queue_depth" in families and "fleetgate_queued_tokens" in families
+    guard = families["fleetgate_header_guard_missing"].samples  # the launcher starts Ray with the guard
+    assert len(guard) == GATEWAY_REPLICAS and all(s.value == 0 for s in guard)
     slots = {s.labels["pool"]: s.value for s in families["fleetgate_replica_slots"].samples}
     assert slots == {"latency": SLOTS_PER_REPLICA, "throughput": SLOTS_PER_REPLICA}
     running = families["vllm:num_requests_running"].samples

@@ -69,6 +69,10 @@ def test_status_view_shows_bands_tenants_replicas_gates_and_gateways() -> None:
     assert "lua=scripts" in render_status(snapshot, "local", "redis://x", [], lua_form="scripts").splitlines()[0]
     warned = render_status(snapshot, "local", "redis://127.0.0.1:6399/0", ["gateway:gw-a"], ["gw-a"])
     assert "WARNING: gateway gw-a could not reload the tenants file" in warned
+    assert "header guard" not in warned
+    unguarded = render_status(snapshot, "local", "redis://x", ["gateway:gw-a"], unguarded=["gw-a"])
+    assert "WARNING: gateway gw-a runs on a node whose Ray started without the header guard: set " \
+           "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=gateway.http_guard.middlewares" in unguarded
     assert "behind the wall clock" not in view
     cut = render_status(snapshot.model_copy(update={"wall_ms": 1_030_000}), "local", "redis://127.0.0.1:6399/0", [])
     assert "the queue's clock runs 30.0 s behind the wall clock" in cut

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.http_guard import GUARD_ENV, HeaderGuard, middlewares
+from gateway.http_guard import GUARD_ENV, HeaderGuard, guard_installed, middlewares, missing_guard_advice
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -81,3 +81,10 @@ def test_every_launcher_installs_the_guard() -> None:
     documents = list(yaml.safe_load_all((REPO / "deploy" / "kuberay" / "rayservice.yaml").read_text()))
     text = json.dumps(documents)
     assert text.count(json.dumps({"name": name, "value": path})) == 2  # head and workers
+
+
+def test_a_node_started_without_the_guard_is_told_apart() -> None:
+    (name, path), = GUARD_ENV.items()
+    assert guard_installed({name: path})
+    assert not guard_installed({}) and not guard_installed({name: "somebody.else:middlewares"})
+    assert f"{name}={path}" in missing_guard_advice()
