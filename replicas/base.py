@@ -108,7 +108,7 @@ class ReplicaBase:
 
     async def generate(
         self, endpoint: Endpoint, body: dict[str, Any], granted_replica: str | None = None,
-        ticket_id: str | None = None, prompt_tokens: int = 0, charged: int = 0,
+        ticket_id: str | None = None, prompt_tokens: int = 0, charged: int = 0, **later: Any,
     ) -> AsyncIterator[dict[str, Any] | str]:
         """Run one request; yield a ReplicaReply dict, then SSE lines if the reply streams.
 
@@ -116,7 +116,9 @@ class ReplicaBase:
         another replica (the granted one is gone) is answered MISROUTED at once, and the gateway requeues.
         ``ticket_id`` names the grant: its arrival is acknowledged in the next signal report. ``prompt_tokens``
         is the gateway's count, what the request weighs until its engine starts it; ``charged`` what the grant
-        charged its tenant (the engine's progress past it is reported, and charged, as it runs).
+        charged its tenant (the engine's progress past it is reported, and charged, as it runs). ``later``:
+        arguments a newer gateway passes that this release does not know, ignored, so that gateways and replicas
+        of two releases work together during a rolling update.
         """
         if granted_replica is not None and granted_replica != self.replica_id:
             yield ReplicaReply(status=MISROUTED).model_dump()
@@ -153,10 +155,11 @@ class ReplicaBase:
             self.tracker.leave(key)
             self.engine_stepped()  # an abort changes the engine's state without a step
 
-    async def served(self, ticket_id: str, timeout_s: float, granted_replica: str | None = None) -> int | None:
+    async def served(self, ticket_id: str, timeout_s: float, granted_replica: str | None = None,
+                     **later: Any) -> int | None:
         """Tokens the engine served for the call of grant ``ticket_id`` (the gateway asks when its client left
         before the reply): see :class:`replicas.call_outcomes.CallOutcomes`. ``granted_replica`` routes this
-        call to the replica the grant names."""
+        call to the replica the grant names; ``later``, as in :meth:`generate`."""
         return await self.outcomes.served(ticket_id, timeout_s)
 
     async def _stream_cut(self, key: str) -> None:

@@ -90,6 +90,22 @@ def _queue():
     return global_queue(config, aioredis.Redis.from_url(config.redis_url))
 
 
+async def test_arguments_a_newer_gateway_adds_are_ignored(replica) -> None:
+    """Gateways and replicas of two releases meet during a rolling update: a newer gateway's extra arguments
+    must not fail the call."""
+    queue = _queue()
+    (grant,) = (await queue.enqueue(TicketSpec("t-newer", "acme", "interactive", 10))).grants
+    body = {"model": TINY_MODEL_NAME, "prompt": "The gateway", "max_tokens": 3, "ignore_eos": True}
+    try:
+        (header,) = [item async for item in replica.options(stream=True).generate.remote(
+            "completion", body, granted_replica=grant.replica_id, ticket_id="t-newer", a_later_option=True)]
+        assert header["status"] == 200 and header["body"]["usage"]["completion_tokens"] == 3
+        assert await replica.served.remote("t-newer", 5.0, granted_replica=grant.replica_id,
+                                           a_later_option=True) is not None
+    finally:
+        await queue.complete("t-newer", 10)
+
+
 async def test_completion_with_priority(replica) -> None:
     body = {"model": TINY_MODEL_NAME, "prompt": "The gateway", "max_tokens": 5, "ignore_eos": True,
             "priority": 7}  # vLLM rejects a non-zero priority unless priority scheduling is on
