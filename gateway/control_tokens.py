@@ -12,6 +12,8 @@ vLLM's Mistral tokenizer mode keeps text and control tokens apart, so there is n
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from itertools import chain
 from typing import Any
 
 from gateway.errors import InvalidValue
@@ -46,13 +48,32 @@ class ControlTokens:
         """A 400 naming the field when what a chat template renders (messages, tools, documents, template options)
         spells out a control token."""
         for field in CHECKED_FIELDS:
-            for text in strings(body.get(field)):
+            for text in chain(strings(body.get(field)), parts_run_together(body.get(field))):
                 token = self.found_in(text)
                 if token is not None:
                     raise InvalidValue(
                         f"{field}: holds the model's control token {token!r} as text, which the chat template would "
                         "turn into that token and so end or forge a turn. This gateway refuses control tokens in a "
                         "chat (gateway.control_tokens_in_messages); escape them in the text.", param=field)
+
+
+def parts_run_together(value: Any) -> Iterator[str]:
+    """For each list inside ``value`` with more than one text in it (strings, or parts' ``text``), those texts
+    joined with nothing between them: a template that writes a message's parts one after another renders
+    them so (the tiny model's does), and a control token split across parts (``<|im_`` + ``end|>``) forms
+    there, whole in no single string."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            texts = [part if isinstance(part, str) else part.get("text") if isinstance(part, dict) else None
+                     for part in item]
+            texts = [text for text in texts if isinstance(text, str)]
+            if len(texts) > 1:
+                yield "".join(texts)
+            stack.extend(item)
 
 
 def _reads_text_as_text(tokenizer: Any) -> bool:
