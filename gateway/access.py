@@ -2,7 +2,8 @@
 
 ``Authorization: Bearer <key>`` names the tenant (401 for a missing, malformed or unknown key). Where
 ``access.allow_anonymous`` is on (the explicit local mode), a request without the header runs as the
-anonymous tenant, or, with ``trust_tenant_header``, as the tenant its ``x-tenant-id`` names. A key in this
+anonymous tenant, or, with ``trust_tenant_header``, as the tenant its ``x-tenant-id`` names, unless that
+tenant has API keys (then only a key names it: 401). A key in this
 gateway's format (``fg-...``) is always checked: an unknown one is a 401 in every mode, so a mistyped or
 revoked key never runs quietly as someone else. In anonymous mode a bearer value of no key's format that
 names no tenant is a client's placeholder (the OpenAI SDKs need one; vLLM's docs send ``EMPTY``) and counts
@@ -53,7 +54,10 @@ class Access:
         tenant_id = self.config.anonymous_tenant
         if self.config.trust_tenant_header:
             tenant_id = read_tenant_id(headers) or tenant_id
-        return self.tenants.by_id(tenant_id) or Tenant(id=tenant_id)
+        tenant = self.tenants.by_id(tenant_id)
+        if tenant is not None and tenant.api_keys:  # its weight, bands and bill are its key holders' alone
+            raise Unauthenticated(f"Tenant {tenant_id!r} has API keys: send one ('Authorization: Bearer <API key>').")
+        return tenant or Tenant(id=tenant_id)
 
     @staticmethod
     def check_scrape_key(headers: Mapping[str, str], digest: str | None) -> None:

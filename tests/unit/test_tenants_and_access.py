@@ -81,6 +81,10 @@ def test_anonymous_mode_is_explicit_and_still_checks_sent_keys(tmp_path: Path) -
         _access(_file(tmp_path, key)).authenticate({"authorization": "Bearer EMPTY"})
     untrusting = _access(None, allow_anonymous=True)
     assert untrusting.authenticate({"x-tenant-id": "team-7"}).id == "anonymous"
+    # a tenant with keys is never named by the header alone: its weight, bands and bill are its key holders'
+    with pytest.raises(Unauthenticated, match="'acme' has API keys") as caught:
+        access.authenticate({"x-tenant-id": "acme"})
+    assert caught.value.status == 401
 
 
 def test_model_permission_is_403(tmp_path: Path) -> None:
