@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
 from fleet.config import QueueConfig
 from fleet.connection import global_queue, redis_client
 from fleet.metrics_board import MetricsBoard, MetricsPublisher
@@ -27,8 +31,15 @@ class CapacityRegistration:
         self._metrics: MetricsPublisher | None = None
 
     async def start(self) -> None:
-        """Register now (failing loudly if Redis is unreachable), then renew in the background."""
-        await self.queue.register_replica(self._capacity, self._lease_ms)
+        """Register now, then renew in the background. A Redis that does not answer yet (started after the
+        replicas, or restarting) is waited for: the renewals register the replica as soon as it answers, and
+        until then the queue grants it nothing. Failing the start instead made Ray Serve give the deployment
+        up after three tries, for good. Any other failure (a namespace of another state version) fails it."""
+        try:
+            await self.queue.register_replica(self._capacity, self._lease_ms)
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            logger.warning("the global queue's Redis does not answer (%s); this replica registers when it does",
+                           type(exc).__name__)
         self._task = asyncio.create_task(self._renew_forever())
 
     async def _renew_forever(self) -> None:
