@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from redis.exceptions import AuthenticationError, AuthorizationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -34,9 +35,12 @@ class CapacityRegistration:
         """Register now, then renew in the background. A Redis that does not answer yet (started after the
         replicas, or restarting) is waited for: the renewals register the replica as soon as it answers, and
         until then the queue grants it nothing. Failing the start instead made Ray Serve give the deployment
-        up after three tries, for good. Any other failure (a namespace of another state version) fails it."""
+        up after three tries, for good. Any other failure (a wrong password, a namespace of another state
+        version: the config's, which no wait mends) fails it."""
         try:
             await self.queue.register_replica(self._capacity, self._lease_ms)
+        except (AuthenticationError, AuthorizationError):
+            raise
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             logger.warning("the global queue's Redis does not answer (%s); this replica registers when it does",
                            type(exc).__name__)

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from redis.exceptions import AuthenticationError
 
 from fleet.capacity import CapacityRegistration
 from fleet.config import QueueConfig
@@ -31,4 +32,16 @@ async def test_a_replica_started_before_its_redis_registers_when_it_answers(tmp_
             await asyncio.sleep(0.1)
     finally:
         registration.stop()
+        server.stop()
+
+
+async def test_a_wrong_password_still_fails_the_start(tmp_path: Path) -> None:
+    """The config's mistake, which no wait mends: the start fails, loudly."""
+    server = RedisProcess(tmp_path / "redis", password="right")
+    await asyncio.to_thread(server.start)
+    try:
+        config = QueueConfig(redis_url=f"redis://:wrong@127.0.0.1:{server.port}/0", namespace="late-redis")
+        with pytest.raises(AuthenticationError):
+            await CapacityRegistration(config, ReplicaCapacity("early", 4, 10_000)).start()
+    finally:
         server.stop()
