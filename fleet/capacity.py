@@ -35,8 +35,8 @@ class CapacityRegistration:
         """Register now, then renew in the background. A Redis that does not answer yet (started after the
         replicas, or restarting) is waited for: the renewals register the replica as soon as it answers, and
         until then the queue grants it nothing. Failing the start instead made Ray Serve give the deployment
-        up after three tries, for good. Any other failure (a wrong password, a namespace of another state
-        version: the config's, which no wait mends) fails it."""
+        up after three tries (still so once Redis answered). Any other failure (a wrong password, a namespace
+        of another state version: the config's, which no wait mends) fails it."""
         try:
             await self.queue.register_replica(self._capacity, self._lease_ms)
         except (AuthenticationError, AuthorizationError):
