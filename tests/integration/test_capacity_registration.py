@@ -1,6 +1,6 @@
 """A replica whose Redis does not answer yet still starts, and registers once Redis answers: failing its start
-instead made Ray Serve give the whole deployment up after three tries (DEPLOY_FAILED, still so once Redis answered), so a fleet
-whose Redis came up after its replicas never served."""
+instead made Ray Serve give the whole deployment up after three tries (DEPLOY_FAILED, still so once Redis
+answered), so a fleet whose Redis came up after its replicas never served."""
 
 from __future__ import annotations
 
