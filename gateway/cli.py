@@ -163,13 +163,17 @@ def _status_view(queue: Any, board: Any, shown_url: str) -> str:
 
     published = queue.run(board.read())
     sources = queue.run(board.live_sources())
-    stale = [labels.get("gateway", "?") for labels, text in published
-             if re.search(r"^fleetgate_tenants_file_stale 1", text, re.MULTILINE)]
-    unguarded = [labels.get("gateway", "?") for labels, text in published
-                 if re.search(r"^fleetgate_header_guard_missing 1", text, re.MULTILINE)]
+    stale = _gateways_flagging(published, "fleetgate_tenants_file_stale")
+    unguarded = _gateways_flagging(published, "fleetgate_header_guard_missing")
     snapshot = queue.snapshot()
     return render_status(snapshot, queue.keys.namespace, shown_url, sources, stale, lua_form=queue.lua.form,
                          unguarded=unguarded)
+
+
+def _gateways_flagging(published: list[tuple[dict[str, str], str]], gauge: str) -> list[str]:
+    """The gateways whose published metrics set the 0/1 ``gauge`` to 1."""
+    return [labels.get("gateway", "?") for labels, text in published
+            if re.search(rf"^{gauge} 1", text, re.MULTILINE)]
 
 
 def _app_args(config_file: str) -> dict[str, Any]:
