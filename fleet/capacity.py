@@ -16,6 +16,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from fleet.config import QueueConfig
 from fleet.connection import global_queue, redis_client
 from fleet.metrics_board import MetricsBoard, MetricsPublisher
+from fleet.outage_log import OutageLog
 from policies.types import ReplicaCapacity
 
 logger = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ class CapacityRegistration:
         self._lease_ms = int(config.lease_s * 1000)
         self._task: asyncio.Task | None = None
         self._metrics: MetricsPublisher | None = None
+        self._outage = OutageLog(logger, "the capacity heartbeat")
 
     async def start(self) -> None:
         """Register now, then renew in the background. A Redis that does not answer yet (started after the
@@ -54,7 +56,9 @@ class CapacityRegistration:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis restarting: keep trying; the lease bridges short gaps
-                logger.warning("capacity heartbeat failed: %s", type(exc).__name__)
+                self._outage.failed(exc)
+            else:
+                self._outage.succeeded()
 
     def publish_metrics(self, interval_s: float) -> None:
         """Publish this process's Prometheus registry (vLLM's own ``vllm:*`` metrics) to the fleet's board."""

@@ -19,6 +19,7 @@ from collections.abc import Callable
 import redis.asyncio as aioredis
 
 from fleet.keys import QueueKeys
+from fleet.outage_log import OutageLog
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ class MetricsPublisher:
         self._board, self._source, self._labels = board, source, labels
         self._exposition, self._interval_s = exposition, interval_s
         self._task: asyncio.Task | None = None
+        self._outage = OutageLog(logger, "metrics publication")
 
     def start(self) -> None:
         """Start publishing (idempotent; needs a running event loop)."""
@@ -91,5 +93,7 @@ class MetricsPublisher:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis restarting: the series lapse, then come back
-                logger.warning("metrics publication failed: %s", type(exc).__name__)
+                self._outage.failed(exc)
+            else:
+                self._outage.succeeded()
             await asyncio.sleep(self._interval_s)

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 import redis.asyncio as aioredis
 
 from fleet.metrics_board import MetricsBoard
+from fleet.outage_log import OutageLog
 from fleet.queue import GlobalQueue
 from fleet.rate_limits import RateLimits
 from policies.types import Grant, TicketSpec
@@ -77,6 +78,8 @@ class QueueSession:
         self._owned: set[str] = set()
         self._tasks: list[asyncio.Task] = []
         self._closing = False
+        self._inbox_outage = OutageLog(logger, "the grant inbox")
+        self._lease_outage = OutageLog(logger, "lease renewal")
 
     async def start(self) -> None:
         """Start the inbox listener and the lease keeper (idempotent)."""
@@ -205,9 +208,10 @@ class QueueSession:
             except Exception as exc:  # Redis restarting: back off briefly, leases cover the gap
                 if self._closing:  # redis-py may surface our own cancellation as a ConnectionError
                     return
-                logger.warning("grant inbox unavailable (%s: %s); retrying", type(exc).__name__, exc)
+                self._inbox_outage.failed(exc)
                 await asyncio.sleep(0.5)
                 continue
+            self._inbox_outage.succeeded()
             if item is None:
                 continue
             self._deliver(item[1])
@@ -246,4 +250,6 @@ class QueueSession:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                logger.warning("lease renewal failed (%s)", type(exc).__name__)
+                self._lease_outage.failed(exc)
+            else:
+                self._lease_outage.succeeded()

@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from fleet.outage_log import OutageLog
 from fleet.queue import GlobalQueue
 from policies.types import EngineSignals
 
@@ -50,6 +51,7 @@ class SignalReporter:
         self._last_write = float("-inf")
         self._task: asyncio.Task | None = None
         self.reports = 0
+        self._outage = OutageLog(logger, "the engine signal report", clock=clock)
 
     def received(self, ticket_id: str) -> None:
         """A granted ticket arrived at this replica (named in the next report; until then the queue counts it
@@ -82,8 +84,10 @@ class SignalReporter:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis restarting: the signals go stale meanwhile, and the gate falls back
-                logger.warning("engine signal report failed: %s", type(exc).__name__)
+                self._outage.failed(exc)
                 await self._sleep(self._heartbeat_s)
+            else:
+                self._outage.succeeded()
 
     async def _until_change_or_heartbeat(self) -> None:
         remaining = self._heartbeat_s - (self._clock() - self._last_write)

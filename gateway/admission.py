@@ -21,6 +21,7 @@ import redis
 
 from fleet.config import QueueConfig
 from fleet.connection import global_queue, redis_client
+from fleet.outage_log import OutageLog
 from fleet.session import AdmitTiming, QueueDeadlineExpired, QueueRateLimited, QueueRejected, QueueSession, QueueTicketLost
 from gateway.classify import Classification
 from gateway.errors import (
@@ -140,6 +141,7 @@ class QueueAdmission:
         self._clock = clock
         self._session: QueueSession | None = None
         self._holds = RateHolds(clock)
+        self.outage = OutageLog(logger, "the global queue", clock=clock)  # one line per outage, not per request
         self.gateway_id = ""
 
     def check_held(self, tenant_id: str) -> None:
@@ -189,11 +191,17 @@ class QueueAdmission:
         """Await a grant; admission failures become the client-facing 429 / 503 errors. A rate limit that holds
         back every request of ``tenant`` for a while is remembered, to refuse its next ones before parsing."""
         try:
-            return await waiting
-        except (QueueRateLimited, QueueRejected, QueueDeadlineExpired, QueueTicketLost, redis.RedisError) as exc:
+            grant = await waiting
+        except redis.RedisError as exc:
+            self.outage.failed(exc)
+            raise admission_error(exc, self.config.retry_after_s) from None
+        except (QueueRateLimited, QueueRejected, QueueDeadlineExpired, QueueTicketLost) as exc:
+            self.outage.succeeded()  # the queue answered
             if isinstance(exc, QueueRateLimited) and tenant is not None:
                 self._holds.hold(tenant, exc.held_s)
             raise admission_error(exc, self.config.retry_after_s) from None
+        self.outage.succeeded()
+        return grant
 
 
 class QueuePlace:
@@ -234,7 +242,9 @@ class QueuePlace:
         try:
             await asyncio.shield(self._session.finish(self._spec.ticket_id, served_tokens))
         except redis.RedisError as exc:  # the lease expires instead and returns the capacity
-            logger.warning("could not finish ticket (%s); its lease will expire", type(exc).__name__)
+            self._admission.outage.failed(exc)
+        else:
+            self._admission.outage.succeeded()
 
 
 def admission_for(config: QueueConfig, pools: list[tuple[str, list[str], list[str]]],
@@ -261,6 +271,5 @@ def admission_error(exc: Exception, retry_after_s: int) -> GatewayError:
     if isinstance(exc, QueueTicketLost):
         return QueueUnavailable("The global queue lost this request's place (it restarted); retry now.",
                                 reason="queue-unavailable", retry_after_s=1)
-    logger.warning("global queue unavailable: %s", type(exc).__name__)
     return QueueUnavailable("The global queue is unavailable; retry shortly.", reason="queue-unavailable",
                             retry_after_s=1)
