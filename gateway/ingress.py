@@ -7,10 +7,13 @@ Every response carries ``x-request-id`` (Ray Serve's proxy honours the client's 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.routing import APIRoute
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from ray import serve
@@ -50,10 +53,22 @@ async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
 @api.exception_handler(StarletteHTTPException)
 async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
     if exc.status_code == 405:
-        return MethodNotAllowed("Method not allowed for this endpoint.").response()
+        allowed = (exc.headers or {}).get("Allow")
+        response = MethodNotAllowed(f"Method not allowed for this endpoint (it takes {allowed})." if allowed
+                                    else "Method not allowed for this endpoint.").response()
+        if allowed:
+            response.headers["Allow"] = allowed  # RFC 9110: a 405 names the methods the endpoint takes
+        return response
     if exc.status_code == 404:
-        return RouteNotFound("No such endpoint.").response()
+        return RouteNotFound(f"No such endpoint. This gateway serves {_served_endpoints()}.").response()
     return JSONResponse(error_body(str(exc.detail), "invalid_request_error", None), status_code=exc.status_code)
+
+
+@functools.cache
+def _served_endpoints() -> str:
+    """The API's endpoints, as a 404 names them (``POST /v1/chat/completions, ...``)."""
+    routes = [r for r in api.routes if isinstance(r, APIRoute) and r.include_in_schema]
+    return ", ".join(f"{'/'.join(sorted(r.methods - {'HEAD'}))} {re.sub(r':[a-z]+}', '}', r.path)}" for r in routes)
 
 
 @api.exception_handler(Exception)

@@ -153,7 +153,10 @@ def test_negative_max_tokens_is_400(base_url: str, headers: dict) -> None:
 
 def test_unknown_route_and_method(base_url: str) -> None:
     assert _error(httpx.get(f"{base_url}/v1/nothing"), 404)["code"] == "not_found"
-    assert _error(httpx.get(f"{base_url}/v1/completions"), 405)["code"] == "method_not_allowed"
+    unserved = _error(httpx.post(f"{base_url}/v1/responses", json={"input": "hi"}), 404)  # says what is served
+    assert "POST /v1/chat/completions" in unserved["message"] and "GET /v1/models" in unserved["message"]
+    wrong_method = httpx.get(f"{base_url}/v1/completions")
+    assert _error(wrong_method, 405)["code"] == "method_not_allowed" and wrong_method.headers["allow"] == "POST"
 
 
 def test_a_trailing_slash_is_served_not_redirected(base_url: str, headers: dict) -> None:
