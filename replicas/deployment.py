@@ -171,12 +171,25 @@ class VLLMReplica(ReplicaBase):
         return self._engine.output_processor.get_num_unfinished_requests()
 
     def __del__(self) -> Awaitable[None] | None:
-        """Serve's graceful stop: leave the fleet (Serve awaits the deregistration returned), stop the engine."""
+        """Serve's graceful stop: leave the fleet, then stop the engine, in the coroutine returned (Serve awaits
+        it). The deregistration goes first: the engine's shutdown blocks the event loop for seconds, and a
+        lease that lapses meanwhile reads to the queue as a crash. Without a running loop: the engine at once.
+        Once: the garbage collector's later call finds nothing left to stop."""
         leaving = self._leave_fleet()
-        engine = getattr(self, "_engine", None)
+        engine, self._engine = getattr(self, "_engine", None), None
+        if leaving is None:
+            if engine is not None:
+                engine.shutdown()
+            return None
+        return _leave_then_stop(leaving, engine)
+
+
+async def _leave_then_stop(leaving: Awaitable[None], engine: Any) -> None:
+    try:
+        await leaving
+    finally:
         if engine is not None:
             engine.shutdown()
-        return leaving
 
 
 def _prepare_process_environment(cpu_binding: CpuBinding | None, cache_dir: str | None,
