@@ -27,6 +27,7 @@ def build_app(args: dict[str, Any]) -> Application:
         name="gateway",
         num_replicas=config.gateway.num_replicas,
         max_ongoing_requests=config.gateway.max_ongoing_requests,
+        graceful_shutdown_timeout_s=config.gateway.graceful_shutdown_timeout_s,
         ray_actor_options={"num_cpus": config.gateway.num_cpus, "resources": config.gateway.resources},
     )
     return gateway.bind(pools, config.model_dump())
@@ -45,6 +46,7 @@ def _bind_pool(pool: PoolConfig, config: AppConfig) -> Application:
         name=f"vllm-{pool.name}",
         num_replicas=pool.num_replicas,
         max_ongoing_requests=pool.max_ongoing_requests,
+        graceful_shutdown_timeout_s=pool.graceful_shutdown_timeout_s,
         ray_actor_options={"num_cpus": pool.num_cpus, "num_gpus": pool.num_gpus, "resources": pool.resources},
         health_check_period_s=10,
         health_check_timeout_s=60,

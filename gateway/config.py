@@ -54,6 +54,16 @@ class ModelSource(BaseModel):
         "produces is this many times the modelled one.")
 
 
+# Ray Serve's graceful_shutdown_timeout_s for the pools and the gateway: Serve's own default, 20 s, cuts any
+# reply still running when a rolling update or a scale-down stops its replica (2,000 tokens at 10 ms each).
+DRAIN_TIMEOUT_S = 300.0
+DRAIN_DOC = ("How long a {what} that Serve stops (a rolling update, a scale-down) may keep serving the requests "
+             "it holds before Serve kills it, cutting the streams still running; it takes no new work meanwhile, "
+             "and leaves as soon as they end. Serve's own default, 20 s, cut any longer reply. 300 (default): "
+             "8,000 tokens at 35 ms each. Set it above the longest reply you serve; Serve waits this long at "
+             "most per replica it stops, so a stuck request slows an update by this much.")
+
+
 class PoolConfig(BaseModel):
     """One pool of identical vLLM replicas (one Ray Serve deployment)."""
 
@@ -84,6 +94,9 @@ class PoolConfig(BaseModel):
         "lengthens. 0: any replica holding none of its own work may take them (fully work-conserving). Worth 1 "
         "in a small latency pool: see deploy/gpu.yaml for what it changed.",
     )
+    graceful_shutdown_timeout_s: float = Field(
+        DRAIN_TIMEOUT_S, ge=0, description=DRAIN_DOC.format(what="replica"),
+    )
     stream_batching_interval_ms: float = Field(
         50, ge=0, le=1000,
         description="A stream's tokens go from replica to client at most once per this interval, joined (the "
@@ -112,6 +125,9 @@ class GatewayDeploymentConfig(BaseModel):
     num_cpus: float = Field(0.25, gt=0, description="Ray CPUs reserved per gateway replica.")
     max_ongoing_requests: int = Field(2000, ge=1, description="Requests one gateway replica holds at once.")
     resources: dict[str, float] = Field(default_factory=dict, description="Ray custom resources per replica.")
+    graceful_shutdown_timeout_s: float = Field(
+        DRAIN_TIMEOUT_S, ge=0, description=DRAIN_DOC.format(what="gateway replica"),
+    )
     max_body_bytes: int = Field(
         8 << 20, ge=1024, description="Largest request body accepted (then 413); bounds memory per request."
     )

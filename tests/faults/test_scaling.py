@@ -1,6 +1,7 @@
 """A pool scaled up and then down under load, the way an operator does it (`serve deploy` with the pool's
 deployment given a new ``num_replicas``): no 5xx, no stream cut, the departed replica leaves the queue's
-fleet gracefully (no lease lapses), and the ledger balances.
+fleet gracefully (no lease lapses), and the ledger balances. A replica scaled away serves its streams to
+the end, however long past Ray Serve's own 20 s drain they run.
 
 Slow (it starts a third vLLM replica and waits for Serve to stop one): `-m faults`.
 """
@@ -108,6 +109,83 @@ def test_a_pool_scales_up_and_down_under_load_with_no_5xx(fleet: Fleet) -> None:
     asyncio.run(scenario())
     assert set(outcomes) == {"ok"}, outcomes
     state = assert_ledger_balanced(fleet.redis_url, REPLICAS, timeout_s=60)  # no ticket lease lapsed either
+    events = Counter(state.stats)
+    events.subtract(events_before)
+    assert events["replicas_deregistered"] >= 1 and events["replicas_lapsed"] == 0, dict(events)
+
+
+LONG_STREAM = {"model": TINY_MODEL_NAME, "prompt": "a long reply", "max_tokens": 3500, "ignore_eos": True,
+               "stream": True, "stream_options": {"include_usage": True}}
+SERVE_DEFAULT_DRAIN_S = 20  # Ray Serve's own graceful_shutdown_timeout_s, which cut such streams
+
+
+async def _long_stream(client: httpx.AsyncClient) -> tuple[str, int | None, float]:
+    """One long stream: its outcome, the completion tokens its usage line reports, and when it ended."""
+    async with client.stream("POST", "/v1/completions", json=LONG_STREAM) as response:
+        lines = [line async for line in response.aiter_lines()]
+    ended = time.monotonic()
+    data = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    usage = next((d["usage"] for d in data if d.get("usage")), None)
+    done = lines and [line for line in lines if line.startswith("data: ")][-1] == "data: [DONE]"
+    ok = response.status_code == 200 and done and not any("error" in d for d in data)
+    outcome = "ok" if ok else f"{response.status_code}: {lines[-3:]}"
+    return outcome, usage and usage["completion_tokens"], ended
+
+
+async def _spread_one_each(streams: list[asyncio.Task], fleet: Fleet, timeout_s: float = 60) -> None:
+    """Wait until each latency replica holds one of the two streams (placement ranks more free slots first)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ended = [stream.result() for stream in streams if stream.done()]
+        assert not ended, f"a long stream ended before the scale-down: {ended}"
+        in_use = await asyncio.to_thread(
+            lambda: sorted((r.pool, r.slots_total - r.slots_free) for r in snapshot(fleet.redis_url).replicas))
+        if in_use == [("latency", 1), ("latency", 1), ("throughput", 0)]:
+            return
+        assert time.monotonic() < deadline, f"the streams did not spread: slots in use {in_use}"
+        await asyncio.sleep(0.5)
+
+
+def test_a_replica_scaled_away_finishes_streams_longer_than_serves_default_drain(fleet: Fleet) -> None:
+    """The stopped replica serves its streams to the end (the pool's ``graceful_shutdown_timeout_s``, 300 s),
+    where Serve's own 20 s cut them: both latency replicas hold one long stream when the pool scales down."""
+    events_before = snapshot(fleet.redis_url).stats
+
+    async def scenario() -> tuple[list[tuple[str, int | None, float]], float]:
+        original = {r.replica_id for r in _latency_replicas(fleet)}
+        await asyncio.to_thread(serve_deploy, fleet.config_file, fleet.work_dir, _scale("latency", 2))
+        await _until(lambda: len(_latency_replicas(fleet)) == 2, 300, "the second latency replica to register")
+        async with httpx.AsyncClient(base_url=fleet.url, timeout=600) as client:
+            # short requests until the newcomer takes one: it registers before Serve publishes it to the
+            # gateways' routers, and a grant to it before then goes elsewhere
+            stop = asyncio.Event()
+
+            async def load(index: int) -> None:
+                while not stop.is_set():
+                    assert await _one(client, index) == "ok"
+
+            loaders = [asyncio.create_task(load(i)) for i in range(WORKERS)]
+            await _until(lambda: any(r.replica_id not in original and r.slots_free < r.slots_total
+                                     for r in _latency_replicas(fleet)), 60, "a grant to the new replica")
+            stop.set()
+            await asyncio.gather(*loaders)
+            await _until(lambda: all(r.slots_free == r.slots_total for r in _latency_replicas(fleet)), 60,
+                         "both latency replicas idle")
+            streams = [asyncio.create_task(_long_stream(client)) for _ in range(2)]
+            await _spread_one_each(streams, fleet)
+            await asyncio.to_thread(serve_deploy, fleet.config_file, fleet.work_dir, _scale("latency", 1))
+            scaled_down_at = time.monotonic()
+            results = await asyncio.gather(*streams)
+        await _until(lambda: len(_latency_replicas(fleet)) == 1 and len(replica_pids("vllm-latency")) == 1, 120,
+                     "the latency pool to scale back to one")
+        return results, scaled_down_at
+
+    results, scaled_down_at = asyncio.run(scenario())
+    assert [(outcome, tokens) for outcome, tokens, _ in results] == [("ok", 3500)] * 2, results
+    ran_on = min(ended for _, _, ended in results) - scaled_down_at
+    assert ran_on > SERVE_DEFAULT_DRAIN_S + 5, f"the streams ended {ran_on:.1f} s after the scale-down: too soon " \
+        "to show anything; make them longer"
+    state = assert_ledger_balanced(fleet.redis_url, REPLICAS, timeout_s=60)
     events = Counter(state.stats)
     events.subtract(events_before)
     assert events["replicas_deregistered"] >= 1 and events["replicas_lapsed"] == 0, dict(events)

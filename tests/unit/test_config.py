@@ -56,6 +56,19 @@ def test_local_config_is_two_cpu_replicas_with_explicit_cpus() -> None:
     assert config.model.build_tiny_model
 
 
+def test_every_deployment_drains_its_streams_for_the_configured_time() -> None:
+    """Serve's own 20 s would cut longer replies when an update or a scale-down stops a replica (its
+    deployment options; the faults suite's test_scaling shows a stream outliving it)."""
+    from gateway.app import build_app
+
+    args = _minimal(gateway={"graceful_shutdown_timeout_s": 90},
+                    pools=[{"name": "a"}, {"name": "b", "graceful_shutdown_timeout_s": 600}])
+    gateway = build_app(args)._bound_deployment
+    pools = {app._bound_deployment.name: app._bound_deployment for app in gateway.init_args[0].values()}
+    drains = {d.name: d._deployment_config.graceful_shutdown_timeout_s for d in [gateway, *pools.values()]}
+    assert drains == {"gateway": 90, "vllm-a": 300, "vllm-b": 600}
+
+
 def _minimal(**overrides) -> dict:
     args = {"model": {"name": "m", "path": "models/m"}, "pools": [{"name": "default"}]}
     args.update(overrides)
