@@ -69,51 +69,6 @@ async def _one(client: httpx.AsyncClient, index: int) -> str:
     return "ok" if data[-1:] == ["data: [DONE]"] and not any('"error"' in line for line in data) else "cut"
 
 
-def test_a_pool_scales_up_and_down_under_load_with_no_5xx(fleet: Fleet) -> None:
-    events_before = snapshot(fleet.redis_url).stats
-    outcomes: Counter[str] = Counter()
-
-    async def scenario() -> None:
-        stop = asyncio.Event()
-
-        async def worker(index: int) -> None:
-            async with httpx.AsyncClient(base_url=fleet.url, timeout=120) as client:
-                while not stop.is_set():
-                    outcomes[await _one(client, index)] += 1
-
-        workers = [asyncio.create_task(worker(i)) for i in range(WORKERS)]
-        await asyncio.to_thread(serve_deploy, fleet.config_file, fleet.work_dir, _scale("latency", 2))
-        # the newcomer is taken from the snapshot that shows it: a later read on a loaded host can miss a
-        # registration that is being renewed
-        arrived: set[str] = set()
-
-        def newcomer_registered() -> bool:
-            arrived.update(r.replica_id for r in _latency_replicas(fleet) if r.replica_id not in original)
-            return bool(arrived)
-
-        await _until(newcomer_registered, 300, "the second latency replica to register")
-        (newcomer,) = arrived
-        # the newcomer takes work: some of its slots are seen in use
-        await _until(lambda: any(r.replica_id == newcomer and r.slots_free < r.slots_total
-                                 for r in _latency_replicas(fleet)), 60, "a grant to the new replica")
-        await asyncio.to_thread(serve_deploy, fleet.config_file, fleet.work_dir, _scale("latency", 1))
-        await _until(lambda: len(_latency_replicas(fleet)) == 1 and len(replica_pids("vllm-latency")) == 1, 180,
-                     "the latency pool to scale back to one")
-        served = sum(outcomes.values())
-        await _until(lambda: sum(outcomes.values()) >= served + 2 * WORKERS, 60, "load after the scale-down")
-        stop.set()
-        await asyncio.gather(*workers)
-
-    original = [r.replica_id for r in _latency_replicas(fleet)]
-    assert len(original) == 1, original
-    asyncio.run(scenario())
-    assert set(outcomes) == {"ok"}, outcomes
-    state = assert_ledger_balanced(fleet.redis_url, REPLICAS, timeout_s=60)  # no ticket lease lapsed either
-    events = Counter(state.stats)
-    events.subtract(events_before)
-    assert events["replicas_deregistered"] >= 1 and events["replicas_lapsed"] == 0, dict(events)
-
-
 LONG_STREAM = {"model": TINY_MODEL_NAME, "prompt": "a long reply", "max_tokens": 3500, "ignore_eos": True,
                "stream": True, "stream_options": {"include_usage": True}}
 SERVE_DEFAULT_DRAIN_S = 20  # Ray Serve's own graceful_shutdown_timeout_s, which cut such streams
@@ -146,46 +101,65 @@ async def _spread_one_each(streams: list[asyncio.Task], fleet: Fleet, timeout_s:
         await asyncio.sleep(0.5)
 
 
-def test_a_replica_scaled_away_finishes_streams_longer_than_serves_default_drain(fleet: Fleet) -> None:
-    """The stopped replica serves its streams to the end (the pool's ``graceful_shutdown_timeout_s``, 300 s),
-    where Serve's own 20 s cut them: both latency replicas hold one long stream when the pool scales down."""
+def test_a_pool_scales_up_and_down_under_load_with_no_5xx_and_no_stream_cut(fleet: Fleet) -> None:
+    """Short requests and streams throughout, and two long streams, one on each latency replica, when the pool
+    scales down: the stopped replica serves its stream to the end (the pool's ``graceful_shutdown_timeout_s``,
+    300 s), where Serve's own 20 s cut it."""
     events_before = snapshot(fleet.redis_url).stats
+    outcomes: Counter[str] = Counter()
 
     async def scenario() -> tuple[list[tuple[str, int | None, float]], float]:
-        original = {r.replica_id for r in _latency_replicas(fleet)}
-        await asyncio.to_thread(serve_deploy, fleet.config_file, fleet.work_dir, _scale("latency", 2))
-        await _until(lambda: len(_latency_replicas(fleet)) == 2, 300, "the second latency replica to register")
-        async with httpx.AsyncClient(base_url=fleet.url, timeout=600) as client:
-            # short requests until the newcomer takes one: it registers before Serve publishes it to the
-            # gateways' routers, and a grant to it before then goes elsewhere
-            stop = asyncio.Event()
+        stop, running = asyncio.Event(), asyncio.Event()
+        running.set()
 
-            async def load(index: int) -> None:
+        async def worker(index: int) -> None:
+            async with httpx.AsyncClient(base_url=fleet.url, timeout=120) as client:
                 while not stop.is_set():
-                    assert await _one(client, index) == "ok"
+                    await running.wait()
+                    outcomes[await _one(client, index)] += 1
 
-            loaders = [asyncio.create_task(load(i)) for i in range(WORKERS)]
-            await _until(lambda: any(r.replica_id not in original and r.slots_free < r.slots_total
-                                     for r in _latency_replicas(fleet)), 60, "a grant to the new replica")
-            stop.set()
-            await asyncio.gather(*loaders)
-            await _until(lambda: all(r.slots_free == r.slots_total for r in _latency_replicas(fleet)), 60,
-                         "both latency replicas idle")
+        workers = [asyncio.create_task(worker(i)) for i in range(WORKERS)]
+        await asyncio.to_thread(serve_deploy, fleet.config_file, fleet.work_dir, _scale("latency", 2))
+        # the newcomer is taken from the snapshot that shows it: a later read on a loaded host can miss a
+        # registration that is being renewed
+        arrived: set[str] = set()
+
+        def newcomer_registered() -> bool:
+            arrived.update(r.replica_id for r in _latency_replicas(fleet) if r.replica_id not in original)
+            return bool(arrived)
+
+        await _until(newcomer_registered, 300, "the second latency replica to register")
+        (newcomer,) = arrived
+        # the newcomer takes work: some of its slots are seen in use (it registers before Serve publishes it
+        # to the gateways' routers, and a grant to it before then goes elsewhere)
+        await _until(lambda: any(r.replica_id == newcomer and r.slots_free < r.slots_total
+                                 for r in _latency_replicas(fleet)), 60, "a grant to the new replica")
+        running.clear()  # the load pauses while the long streams are placed
+        await _until(lambda: all(r.slots_free == r.slots_total for r in snapshot(fleet.redis_url).replicas), 60,
+                     "every replica idle")
+        async with httpx.AsyncClient(base_url=fleet.url, timeout=600) as client:
             streams = [asyncio.create_task(_long_stream(client)) for _ in range(2)]
             await _spread_one_each(streams, fleet)
+            running.set()
             await asyncio.to_thread(serve_deploy, fleet.config_file, fleet.work_dir, _scale("latency", 1))
             scaled_down_at = time.monotonic()
-            results = await asyncio.gather(*streams)
-        await _until(lambda: len(_latency_replicas(fleet)) == 1 and len(replica_pids("vllm-latency")) == 1, 120,
-                     "the latency pool to scale back to one")
-        return results, scaled_down_at
+            await _until(lambda: len(_latency_replicas(fleet)) == 1 and len(replica_pids("vllm-latency")) == 1,
+                         300, "the latency pool to scale back to one (its replica drained)")
+            served = sum(outcomes.values())
+            await _until(lambda: sum(outcomes.values()) >= served + 2 * WORKERS, 60, "load after the scale-down")
+            stop.set()
+            await asyncio.gather(*workers)
+            return await asyncio.gather(*streams), scaled_down_at
 
+    original = [r.replica_id for r in _latency_replicas(fleet)]
+    assert len(original) == 1, original
     results, scaled_down_at = asyncio.run(scenario())
+    assert set(outcomes) == {"ok"}, outcomes
     assert [(outcome, tokens) for outcome, tokens, _ in results] == [("ok", 3500)] * 2, results
     ran_on = min(ended for _, _, ended in results) - scaled_down_at
     assert ran_on > SERVE_DEFAULT_DRAIN_S + 5, f"the streams ended {ran_on:.1f} s after the scale-down: too soon " \
         "to show anything; make them longer"
-    state = assert_ledger_balanced(fleet.redis_url, REPLICAS, timeout_s=60)
+    state = assert_ledger_balanced(fleet.redis_url, REPLICAS, timeout_s=60)  # no ticket lease lapsed either
     events = Counter(state.stats)
     events.subtract(events_before)
     assert events["replicas_deregistered"] >= 1 and events["replicas_lapsed"] == 0, dict(events)
