@@ -79,10 +79,10 @@ async def _long_stream(client: httpx.AsyncClient) -> tuple[str, int | None, floa
     async with client.stream("POST", "/v1/completions", json=LONG_STREAM) as response:
         lines = [line async for line in response.aiter_lines()]
     ended = time.monotonic()
-    data = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    events = [line for line in lines if line.startswith("data: ")]
+    data = [json.loads(line[6:]) for line in events if line != "data: [DONE]"]
     usage = next((d["usage"] for d in data if d.get("usage")), None)
-    done = lines and [line for line in lines if line.startswith("data: ")][-1] == "data: [DONE]"
-    ok = response.status_code == 200 and done and not any("error" in d for d in data)
+    ok = response.status_code == 200 and events[-1:] == ["data: [DONE]"] and not any("error" in d for d in data)
     outcome = "ok" if ok else f"{response.status_code}: {lines[-3:]}"
     return outcome, usage and usage["completion_tokens"], ended
 
