@@ -212,8 +212,16 @@ def _round_trip_yaml() -> Any:
 
 
 def _load_round_trip(path: str) -> Any:
-    text = Path(path).read_text() if os.path.exists(path) else "tenants: []\n"
-    return _round_trip_yaml().load(text) or {}
+    """The tenants file as ruamel.yaml reads it (comments kept), once it is known to be a valid one."""
+    if not os.path.exists(path):
+        return _round_trip_yaml().load("tenants: []\n")
+    TenantsFile.read(path)  # a file gateways would refuse is named as such, never half-edited
+    document = _round_trip_yaml().load(Path(path).read_text())
+    if document is None:
+        return _round_trip_yaml().load("tenants: []\n")
+    if document.get("tenants") is None:
+        document["tenants"] = []
+    return document
 
 
 def _save_round_trip(path: str, document: Any) -> None:

@@ -90,6 +90,11 @@ class TenantsFile(BaseModel):
 
     tenants: list[Tenant] = Field(default_factory=list, description="Every tenant.")
 
+    @field_validator("tenants", mode="before")
+    @classmethod
+    def _none_is_empty(cls, tenants: object) -> object:
+        return [] if tenants is None else tenants  # `tenants:` with nothing under it yet
+
     @field_validator("tenants")
     @classmethod
     def _unique(cls, tenants: list[Tenant]) -> list[Tenant]:
@@ -114,8 +119,12 @@ class TenantsFile(BaseModel):
 
     @classmethod
     def read(cls, path: str | os.PathLike[str]) -> TenantsFile:
-        """Parse and validate a tenants file (an empty file has no tenants)."""
-        return cls.model_validate(yaml.safe_load(Path(path).read_text()) or {})
+        """Parse and validate a tenants file (an empty file has no tenants); ValueError says what is wrong."""
+        try:
+            document = yaml.safe_load(Path(path).read_text())
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{path} is not valid YAML: {_first_line(str(exc))}") from None
+        return cls.model_validate(document or {})
 
 
 class TenantRegistry:

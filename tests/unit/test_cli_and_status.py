@@ -110,3 +110,25 @@ def test_the_default_config_is_found_from_any_directory(tmp_path: Path, capsys: 
     assert main(["tenants", "check", str(shipped)]) == 0
     assert main(["tenants", "check", str(shipped), "--config", "missing.yaml"]) == 2
     assert "no Serve config at missing.yaml: pass --config" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", ["tenants: [\n", "- a\n- b\n", "tenants:\n  - id: 'bad id!'\n"])
+def test_a_file_gateways_would_refuse_is_named_plainly_and_left_as_it_is(
+        tmp_path: Path, capsys: pytest.CaptureFixture, text: str) -> None:
+    path = tmp_path / "tenants.yaml"
+    path.write_text(text)
+    assert main(["tenants", "check", str(path)]) == 2
+    assert main(["tenants", "add-key", str(path), "acme", "--create"]) == 2
+    assert main(["tenants", "revoke-key", str(path), "acme", "k"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("fleetgate: ") == 3
+    assert path.read_text() == text
+
+
+def test_a_tenants_key_with_nothing_under_it_is_an_empty_list(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = tmp_path / "tenants.yaml"
+    path.write_text("# ours\ntenants:\n")
+    assert TenantsFile.read(path).tenants == []
+    assert main(["tenants", "add-key", str(path), "acme", "--create"]) == 0
+    assert [t.id for t in TenantsFile.read(path).tenants] == ["acme"]
+    assert path.read_text().startswith("# ours\n")
