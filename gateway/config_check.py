@@ -48,7 +48,7 @@ def check_config(path: Path, base_dir: str | None = None) -> tuple[list[str], li
                 loaded = TenantsFile.read(config.access.tenants_file).check_bands(config.queue.band_names)
                 tenants = f"{len(loaded.tenants)} tenants"
             except (OSError, ValueError) as exc:
-                problems.append(f"{where}: access.tenants_file {config.access.tenants_file}: {exc}")
+                problems.append(f"{where}: access.tenants_file: {exc}")
                 continue
         pools = ", ".join(f"{pool.name} x{pool.num_replicas}" for pool in config.pools)
         summaries.append(f"{where}: model {config.model.name}, pools {pools}, bands {config.queue.band_names}, "

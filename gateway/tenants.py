@@ -124,7 +124,11 @@ class TenantsFile(BaseModel):
             document = yaml.safe_load(Path(path).read_text())
         except yaml.YAMLError as exc:
             raise ValueError(f"{path} is not valid YAML: {_first_line(str(exc))}") from None
-        return cls.model_validate(document or {})
+        try:
+            return cls.model_validate(document or {})
+        except ValidationError as exc:  # one line per problem, where it is: "tenants.0.weight: ..."
+            problems = (f"{'.'.join(map(str, error['loc'])) or 'the file'}: {error['msg']}" for error in exc.errors())
+            raise ValueError(f"{path}: {'; '.join(problems)}") from None
 
 
 class TenantRegistry:
