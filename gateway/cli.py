@@ -26,6 +26,8 @@ import yaml
 
 from gateway.tenants import ApiKey, Tenant, TenantsFile, hash_key, new_key
 
+MIN_WATCH_S = 0.2  # a redraw reads the whole queue's state from Redis
+
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``fleetgate``; returns the exit status."""
@@ -68,9 +70,21 @@ def _parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="the live state of the global queue")
     status.add_argument("--config", default="deploy/local.yaml", help="Serve config (namespace, bands, Redis URL)")
     status.add_argument("--redis-url", help="Redis URL (default: REDIS_URL, else the config's)")
-    status.add_argument("--watch", type=float, metavar="SECONDS", help="redraw every SECONDS until Ctrl-C")
+    status.add_argument("--watch", type=_watch_interval, metavar="SECONDS",
+                        help=f"redraw every SECONDS (at least {MIN_WATCH_S}) until Ctrl-C")
     status.set_defaults(run=_status)
     return parser
+
+
+def _watch_interval(text: str) -> float:
+    """``--watch``'s interval: a number of seconds no shorter than MIN_WATCH_S (each redraw reads Redis)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not seconds >= MIN_WATCH_S:  # NaN too
+        raise argparse.ArgumentTypeError(f"at least {MIN_WATCH_S} seconds, got {text}")
+    return seconds
 
 
 def _add_key(args: argparse.Namespace) -> int:

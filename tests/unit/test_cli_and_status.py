@@ -134,3 +134,10 @@ def test_a_tenants_key_with_nothing_under_it_is_an_empty_list(tmp_path: Path, ca
     assert main(["tenants", "add-key", str(path), "acme", "--create"]) == 0
     assert [t.id for t in TenantsFile.read(path).tenants] == ["acme"]
     assert path.read_text().startswith("# ours\n")
+
+
+@pytest.mark.parametrize("interval", ["0", "-1", "nan", "soon"])
+def test_watch_refuses_an_interval_that_would_hammer_redis(interval: str, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["status", "--watch", interval])
+    assert exit_.value.code == 2 and "--watch" in capsys.readouterr().err
