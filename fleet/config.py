@@ -108,8 +108,9 @@ class QueueConfig(BaseModel):
         10, ge=0, description="How long a replica that a gateway's router delivered to before, and can no longer "
         "reach (Serve is draining it), stays out of the fleet: its heartbeat would otherwise bring it back while "
         "it drains, and each grant to it costs a request a requeue. Long enough to outlast a heartbeat or two, "
-        "short enough that a replica wrongly held is used again soon. A replica the router never reached (new, "
-        "not yet published to it) is not held.",
+        "short enough that a replica wrongly held is used again soon. The gateway renews it every half hold while "
+        "none of its routers lists the replica (at most the pools' longest drain). A replica the router never "
+        "reached (new, not yet published to it) is not held.",
     )
     max_wait_s: float = Field(120, gt=0, description="Longest a request waits for a grant (then 429).")
     retry_after_s: int = Field(2, ge=1, description="Retry-After sent with a queue-full or timeout 429.")

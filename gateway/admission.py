@@ -34,10 +34,11 @@ from gateway.errors import (
     UpstreamUnavailable,
 )
 from gateway.headers import RequestHeaders
+from gateway.leaving_replicas import LeavingReplicas
 from gateway.metrics import GatewayMetrics
 from gateway.rate_holds import RateHolds
 from gateway.request_parsing import ParsedRequest
-from gateway.routing import was_routed
+from gateway.routed_replicas import is_routable, was_routed
 from gateway.tenants import Tenant
 from policies.placement import pool_for_class
 from policies.priority import BandDecision
@@ -135,7 +136,10 @@ class DirectAdmission:
 class QueueAdmission:
     """Admission through the global queue: rate limits, a ticket, its grant."""
 
-    def __init__(self, config: QueueConfig, metrics: GatewayMetrics, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: QueueConfig, metrics: GatewayMetrics, clock: Callable[[], float] = time.monotonic,
+                 longest_drain_s: float = 0.0) -> None:
+        """``longest_drain_s``: the longest a pool's replica drains when Serve stops it (its pool's
+        ``graceful_shutdown_timeout_s``), so how long a departing replica may need holding out."""
         self.config = config
         self.metrics = metrics
         self._clock = clock
@@ -143,6 +147,10 @@ class QueueAdmission:
         self._holds = RateHolds(clock)
         self.outage = OutageLog(logger, "the global queue", clock=clock)  # one line per outage, not per request
         self.gateway_id = ""
+        self.leaving = LeavingReplicas(self._hold_out, is_routable, config.unreachable_hold_s, longest_drain_s)
+
+    async def _hold_out(self, replica_id: str, hold_ms: int) -> None:
+        await (await self.session()).queue.deregister_replica(replica_id, hold_ms=hold_ms)
 
     def check_held(self, tenant_id: str) -> None:
         """Raise the 429 at once while the queue holds ``tenant_id`` back (gateway/rate_holds.py)."""
@@ -233,6 +241,8 @@ class QueuePlace:
             try:
                 hold_s = self._admission.config.unreachable_hold_s if was_routed(self.replica_id) else 0
                 await self._session.queue.deregister_replica(self.replica_id, hold_ms=int(hold_s * 1000))
+                if hold_s:
+                    self._admission.leaving.watch(self.replica_id)  # held out for as long as it drains
             except redis.RedisError:  # its lease lapses instead
                 logger.warning("could not deregister a replica that is gone")
         self._take(await self._admission.await_grant(self._session.wait_again(self._spec, self._max_wait_s)))
@@ -248,12 +258,13 @@ class QueuePlace:
 
 
 def admission_for(config: QueueConfig, pools: list[tuple[str, list[str], list[str]]],
-                  metrics: GatewayMetrics) -> AdmissionStrategy:
+                  metrics: GatewayMetrics, longest_drain_s: float = 0.0) -> AdmissionStrategy:
     """The global queue, or (queue disabled) straight to each length class's pool: the baseline.
 
-    ``pools``: (name, accepts, prefers) of each pool, in config order."""
+    ``pools``: (name, accepts, prefers) of each pool, in config order; ``longest_drain_s``: the longest
+    ``graceful_shutdown_timeout_s`` among them."""
     if config.enabled:
-        return QueueAdmission(config, metrics)
+        return QueueAdmission(config, metrics, longest_drain_s=longest_drain_s)
     return DirectAdmission({c.name: pool_for_class(pools, c.name) for c in config.length_classes})
 
 

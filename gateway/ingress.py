@@ -98,7 +98,8 @@ class Gateway:
         preload_protocol_models()
         self._body_parser = BodyParser(settings.gateway.dense_body_values)
         await self._body_parser.start()
-        self._admission = admission_for(settings.queue, settings.pool_plan(), self.metrics)
+        self._admission = admission_for(settings.queue, settings.pool_plan(), self.metrics,
+                                        max(pool.graceful_shutdown_timeout_s for pool in settings.pools))
         await self._admission.start()
         classifier = RequestClassifier(settings.queue, settings.model.path, settings.sequence_limit(),
                                        settings.gateway.max_prompt_logprob_entries,

@@ -9,27 +9,11 @@ Calls without a grant (model listing, stats) go to any replica.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
+from gateway import routed_replicas  # by reference: see its docstring
+
 GRANT_KWARG = "granted_replica"
-ROUTED_KEPT = 4096  # replica ids remembered per gateway process (oldest forgotten first)
-_routed: OrderedDict[str, None] = OrderedDict()  # replicas this process's routers have delivered grants to
-
-
-def was_routed(replica_id: str) -> bool:
-    """True when a router of this process has delivered a grant to ``replica_id``: a granted replica that is
-    no longer among the candidates is then leaving (Serve is draining or has stopped it), not merely new to
-    this router (a replica that registered before Serve published it)."""
-    return replica_id in _routed
-
-
-def _remember(replica_id: str) -> None:
-    _routed[replica_id] = None
-    _routed.move_to_end(replica_id)
-    if len(_routed) > ROUTED_KEPT:
-        _routed.popitem(last=False)
 
 
 class GrantRouter(RequestRouter):
@@ -45,6 +29,6 @@ class GrantRouter(RequestRouter):
         if target:
             for replica in candidate_replicas:
                 if replica.replica_id.unique_id == target:
-                    _remember(target)
+                    routed_replicas.remember(target, self)
                     return [[replica]]
         return [candidate_replicas]

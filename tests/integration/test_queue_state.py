@@ -137,3 +137,20 @@ async def test_ten_thousand_fairness_ids_keep_redis_bounded(redis_url: str) -> N
         await queue.enqueue(TicketSpec(f"more{index}", "spray", "only", 10, flow=f"more-{index}"))
     flows_now, counters_now, lines_now = await sizes()
     assert flows_now <= 65 and counters_now <= 65 and lines_now <= 65
+
+
+async def test_a_renewed_hold_extends_it_and_is_counted_once(redis_url: str) -> None:
+    """A gateway renews the hold on a replica that drains longer than one hold (gateway/leaving_replicas.py):
+    the renewal moves the hold's end, and the fleet's count of replicas held out counts the hold once."""
+    queue = _queue(redis_url)
+    now_ms = (await queue.snapshot()).now_ms
+    await queue.register_replica(ReplicaCapacity("draining", 4, 1000), lease_ms=60_000, now_ms=now_ms)
+    await queue.deregister_replica("draining", now_ms=now_ms, hold_ms=5_000)
+    await queue.deregister_replica("draining", now_ms=now_ms + 2_500, hold_ms=5_000)  # renewed half way
+    await queue.register_replica(ReplicaCapacity("draining", 4, 1000), lease_ms=60_000, now_ms=now_ms + 7_499)
+    assert (await queue.snapshot()).replicas == []
+    assert (await queue.snapshot()).stats["replicas_held_out"] == 1
+    await queue.register_replica(ReplicaCapacity("draining", 4, 1000), lease_ms=60_000, now_ms=now_ms + 7_500)
+    assert [r.replica_id for r in (await queue.snapshot()).replicas] == ["draining"]
+    await queue.deregister_replica("draining", now_ms=now_ms + 8_000, hold_ms=5_000)  # a new hold: counted
+    assert (await queue.snapshot()).stats["replicas_held_out"] == 2
