@@ -108,7 +108,7 @@ def test_a_pool_scales_up_and_down_under_load_with_no_5xx_and_no_stream_cut(flee
     events_before = snapshot(fleet.redis_url).stats
     outcomes: Counter[str] = Counter()
 
-    async def scenario() -> tuple[list[tuple[str, int | None, float]], float]:
+    async def scenario() -> tuple[list[tuple[str, int | None, float]], float, dict[str, int]]:
         stop, running = asyncio.Event(), asyncio.Event()
         running.set()
 
@@ -143,17 +143,18 @@ def test_a_pool_scales_up_and_down_under_load_with_no_5xx_and_no_stream_cut(flee
             running.set()
             await asyncio.to_thread(serve_deploy, fleet.config_file, fleet.work_dir, _scale("latency", 1))
             scaled_down_at = time.monotonic()
+            drain_started = (await asyncio.to_thread(snapshot, fleet.redis_url)).stats
             await _until(lambda: len(_latency_replicas(fleet)) == 1 and len(replica_pids("vllm-latency")) == 1,
                          300, "the latency pool to scale back to one (its replica drained)")
             served = sum(outcomes.values())
             await _until(lambda: sum(outcomes.values()) >= served + 2 * WORKERS, 60, "load after the scale-down")
             stop.set()
             await asyncio.gather(*workers)
-            return await asyncio.gather(*streams), scaled_down_at
+            return await asyncio.gather(*streams), scaled_down_at, drain_started
 
     original = [r.replica_id for r in _latency_replicas(fleet)]
     assert len(original) == 1, original
-    results, scaled_down_at = asyncio.run(scenario())
+    results, scaled_down_at, drain_started = asyncio.run(scenario())
     assert set(outcomes) == {"ok"}, outcomes
     assert [(outcome, tokens) for outcome, tokens, _ in results] == [("ok", 3500)] * 2, results
     ran_on = min(ended for _, _, ended in results) - scaled_down_at
@@ -164,5 +165,7 @@ def test_a_pool_scales_up_and_down_under_load_with_no_5xx_and_no_stream_cut(flee
     events.subtract(events_before)
     assert events["replicas_deregistered"] >= 1 and events["replicas_lapsed"] == 0, dict(events)
     # the load went on through the drain (60-80 s): the departing replica was held out once and stayed out,
-    # so it drew no grants (before: 64-81 requeues, as its heartbeat brought it back every second or two)
-    assert events["replicas_held_out"] <= 1 and events["requeued"] <= 5, dict(events)
+    # so it drew no more grants (before: 62-72 requeues in the drain, its heartbeat bringing it back every
+    # second or two). A grant or two may reach it before the first hold, one per gateway.
+    drain_requeues = state.stats.get("requeued", 0) - drain_started.get("requeued", 0)
+    assert events["replicas_held_out"] <= 1 and drain_requeues <= 3, (drain_requeues, dict(events))
