@@ -89,7 +89,7 @@ def _watch_interval(text: str) -> float:
 
 def _add_key(args: argparse.Namespace) -> int:
     document = _load_round_trip(args.file)
-    tenants = document.setdefault("tenants", [])
+    tenants = document["tenants"]
     entry = next((t for t in tenants if t.get("id") == args.tenant), None)
     if entry is None:
         if not args.create:
@@ -227,12 +227,12 @@ def _round_trip_yaml() -> Any:
 
 def _load_round_trip(path: str) -> Any:
     """The tenants file as ruamel.yaml reads it (comments kept), once it is known to be a valid one."""
-    if not os.path.exists(path):
-        return _round_trip_yaml().load("tenants: []\n")
-    TenantsFile.read(path)  # a file gateways would refuse is named as such, never half-edited
-    document = _round_trip_yaml().load(Path(path).read_text())
-    if document is None:
-        return _round_trip_yaml().load("tenants: []\n")
+    document = None
+    if os.path.exists(path):
+        TenantsFile.read(path)  # a file gateways would refuse is named as such, never half-edited
+        document = _round_trip_yaml().load(Path(path).read_text())
+    if document is None:  # no file, or an empty one
+        document = _round_trip_yaml().load("tenants: []\n")
     if document.get("tenants") is None:
         document["tenants"] = []
     return document

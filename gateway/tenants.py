@@ -179,7 +179,7 @@ class TenantRegistry:
             return False
         try:
             tenants = TenantsFile.read(self._path).check_bands(self._bands)
-        except (OSError, ValueError, ValidationError, yaml.YAMLError) as exc:
+        except (OSError, ValueError) as exc:  # read() reports bad YAML and bad fields as ValueError
             # keep the last good tenants; the message names the problem, never a key
             self.reload_failed = _first_line(str(exc))
             logger.error("tenants file %s not reloaded, keeping the previous one: %s", self._path, self.reload_failed)
