@@ -123,7 +123,16 @@ class GatewayDeploymentConfig(BaseModel):
 
     num_replicas: int = Field(1, ge=1, description="Gateway (ingress) replicas.")
     num_cpus: float = Field(0.25, gt=0, description="Ray CPUs reserved per gateway replica.")
-    max_ongoing_requests: int = Field(2000, ge=1, description="Requests one gateway replica holds at once.")
+    max_ongoing_requests: int = Field(
+        2000, ge=1, description="Requests one gateway replica holds at once; Ray Serve queues the rest, first come "
+        "first served, before any tenant is known.",
+    )
+    crowded_share: float = Field(
+        0.9, gt=0, le=1, description="From this share of max_ongoing_requests open on a gateway replica, each tenant "
+        "may hold at most an even split of that share among the tenants holding any (then 429 with Retry-After). "
+        "A tenant alone stops there, so the rest of the replica stays free for the next tenant to arrive, which "
+        "would otherwise queue in Ray Serve behind the flood, first come first served. 1: off.",
+    )
     resources: dict[str, float] = Field(default_factory=dict, description="Ray custom resources per replica.")
     graceful_shutdown_timeout_s: float = Field(
         DRAIN_TIMEOUT_S, ge=0, description=DRAIN_DOC.format(what="gateway replica"),

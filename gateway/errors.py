@@ -143,6 +143,17 @@ class RateLimited(Rejected):
                    reason="rate-limited", retry_after_s=max(1, int(seconds + 0.999)))
 
 
+class TooManyOpenRequests(Rejected):
+    """The gateway replica is crowded and the tenant already holds its even split of it
+    (policies/open_share.py)."""
+
+    status, error_type, code = 429, "rate_limit_error", "too_many_open_requests"
+
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__("This API key holds its share of this gateway's open requests while the gateway is crowded; "
+                         "retry after the time in Retry-After.", "tenant-open-share", retry_after_s=retry_after_s)
+
+
 class QueueUnavailable(Rejected):
     """The global queue (Redis) cannot be reached."""
 

@@ -33,6 +33,7 @@ from gateway.lifecycle import RequestLifecycle
 from gateway.metrics import GatewayMetrics
 from gateway.metrics_render import render_fleet
 from gateway.model_listing import model_entry, visible_listing
+from gateway.open_requests import OpenRequests
 from gateway.openapi import gateway_openapi
 from gateway.pools import Pools
 from gateway.request_parsing import ClientOptions, preload_protocol_models
@@ -105,10 +106,13 @@ class Gateway:
                                        settings.gateway.max_prompt_logprob_entries,
                                        settings.gateway.max_output_logprob_entries, settings.replica_engine_args(),
                                        settings.gateway.control_tokens_in_messages == "refuse")
+        open_requests = OpenRequests(settings.gateway.max_ongoing_requests, settings.gateway.crowded_share)
+        self.metrics.open_requests.set_function(lambda: float(open_requests.total))
         self._lifecycle = RequestLifecycle(
             served_model_name=settings.model.name, max_body_bytes=settings.gateway.max_body_bytes,
             queue=settings.queue, access=self._access, classifier=classifier,
             admission=self._admission, pools=self._pools, metrics=self.metrics, body_parser=self._body_parser,
+            open_requests=open_requests,
             client_options=ClientOptions(frozenset(settings.model.chat_template_options),
                                          frozenset(settings.model.extension_args),
                                          settings.gateway.max_structured_output_bytes,

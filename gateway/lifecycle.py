@@ -27,11 +27,12 @@ from gateway.accounting import Settlement, StreamUsage, reported_tokens, run_apa
 from gateway.admission import AdmissionRequest, AdmissionStrategy, Admitted
 from gateway.classify import Classification, RequestClassifier
 from gateway.errors import (
-    GatewayError, GrantLost, InvalidValue, UpstreamUnavailable, from_vllm_error,
+    GatewayError, GrantLost, InvalidValue, TooManyOpenRequests, UpstreamUnavailable, from_vllm_error,
 )
 from gateway.headers import read_headers, request_id_of
 from gateway.metrics import GatewayMetrics
 from gateway.model_listing import check_served
+from gateway.open_requests import OpenRequests
 from gateway.pools import Pools
 from gateway.relay import SettlingStreamingResponse, relay_lines
 from gateway.body_parser import BodyParser
@@ -51,7 +52,7 @@ class RequestLifecycle:
 
     def __init__(self, *, served_model_name: str, max_body_bytes: int, queue: QueueConfig, access: Access,
                  classifier: RequestClassifier, admission: AdmissionStrategy, pools: Pools,
-                 metrics: GatewayMetrics, body_parser: BodyParser,
+                 metrics: GatewayMetrics, body_parser: BodyParser, open_requests: OpenRequests,
                  client_options: ClientOptions = ClientOptions(),
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._served_model_name, self._max_body_bytes, self._queue = served_model_name, max_body_bytes, queue
@@ -59,16 +60,19 @@ class RequestLifecycle:
         self._isolate_cache = access.config.isolate_prefix_cache
         self._access, self._classifier, self._admission = access, classifier, admission
         self._pools, self._metrics, self._clock = pools, metrics, clock
+        self._open = open_requests
 
     async def handle(self, request: Request, endpoint: Endpoint) -> Response:
         """Answer one completion request (the errors a client can see are raised as GatewayError)."""
         arrived = self._clock()
         stages = Stages(self._metrics, self._clock, arrived)
         tenant_id, band, status = "", "", 500
+        close: Callable[[], None] | None = None  # closes this request's count in OpenRequests
         try:
             tenant = self._access.authenticate(request.headers)
             tenant_id = tenant.id
             self._admission.check_held(tenant.id)  # past its rate limit: refused before its body is read
+            close = self._open_for(tenant.id)
             parsed = await self._body_parser.parse(await read_body(request, self._max_body_bytes), endpoint,
                                                    self._client_options)
             stages.lap("parse")
@@ -88,7 +92,9 @@ class RequestLifecycle:
             admission = AdmissionRequest(parsed, tenant, decision, asked, size, arrived)
             place = await self._admission.admit(admission)
             stages.laps(place.stages)
-            response = await self._forward_and_relay(admission, place, client_usage, stages)
+            response = await self._forward_and_relay(admission, place, client_usage, stages, close)
+            if isinstance(response, SettlingStreamingResponse):
+                close = None  # open until the stream is done with: its end closes it
             status = response.status_code
             return response
         except GatewayError as exc:
@@ -100,12 +106,22 @@ class RequestLifecycle:
             status = CLIENT_GONE
             raise
         finally:
+            if close is not None:
+                close()
             self._metrics.requests.labels(self._metrics.tenant(tenant_id), band, str(status)).inc()
             logger.info("request %s tenant=%s band=%s status=%s %.0f ms", request_id_of(request.headers),
                         tenant_id or "-", band or "-", status, (self._clock() - arrived) * 1000)
 
+    def _open_for(self, tenant_id: str) -> Callable[[], None]:
+        """Count the request as open for ``tenant_id`` on this replica, or raise the 429 of a crowded one."""
+        try:
+            return self._open.open(tenant_id)
+        except TooManyOpenRequests as exc:
+            self._metrics.rejections.labels(self._metrics.tenant(tenant_id), "", exc.reason).inc()
+            raise
+
     async def _forward_and_relay(self, admission: AdmissionRequest, place: Admitted, client_usage: tuple[bool, bool],
-                                 stages: Stages) -> Response:
+                                 stages: Stages, close: Callable[[], None] | None = None) -> Response:
         settlement = Settlement(self._metrics, admission.tenant.id, admission.decision.band, admission.arrived,
                                 place, self._clock)
         served, streaming, at_engine, apart = 0, False, [False], False
@@ -130,6 +146,8 @@ class RequestLifecycle:
             usage = StreamUsage(admission.size.prompt_tokens, client_usage[0], self._clock, client_usage[1])
 
             async def on_exit() -> None:
+                if close is not None:
+                    close()
                 replies.cancel()
                 if usage.chunk_times:
                     stages.lap("first_token", at=usage.chunk_times[0])

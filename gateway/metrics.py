@@ -39,6 +39,9 @@ class GatewayMetrics:
             "fleetgate_header_guard_missing", "1 when Ray on this gateway's node was started without the header "
             "guard (gateway/http_guard.py): oversized or undecodable headers then reach Ray Serve unchecked.",
             registry=self.registry)
+        self.open_requests = Gauge(
+            "fleetgate_gateway_open_requests", "Requests open on this gateway replica, waiting in the queue, running "
+            "or relaying (Ray Serve holds those over its max_ongoing_requests).", registry=self.registry)
         self.requests = Counter("fleetgate_requests", "Requests answered, by HTTP status.",
                                 ["tenant", "band", "status"], registry=r)
         self.rejections = Counter("fleetgate_rejections", "Requests turned away at admission, by reason.",
