@@ -181,13 +181,22 @@ def _status_view(queue: Any, board: Any, shown_url: str) -> str:
     unguarded = _gateways_flagging(published, "fleetgate_header_guard_missing")
     snapshot = queue.snapshot()
     return render_status(snapshot, queue.keys.namespace, shown_url, sources, stale, lua_form=queue.lua.form,
-                         unguarded=unguarded)
+                         unguarded=unguarded, open_requests=_gateway_gauge(published, "fleetgate_gateway_open_requests"))
 
 
 def _gateways_flagging(published: list[tuple[dict[str, str], str]], gauge: str) -> list[str]:
     """The gateways whose published metrics set the 0/1 ``gauge`` to 1."""
     return [labels.get("gateway", "?") for labels, text in published
             if re.search(rf"^{gauge} 1", text, re.MULTILINE)]
+
+
+def _gateway_gauge(published: list[tuple[dict[str, str], str]], gauge: str) -> dict[str, float]:
+    """Each gateway's value of the unlabelled ``gauge``, as it last published it."""
+    values = {}
+    for labels, text in published:
+        if found := re.search(rf"^{gauge} (\S+)", text, re.MULTILINE):
+            values[labels.get("gateway", "?")] = float(found.group(1))
+    return values
 
 
 def _app_args(config_file: str) -> dict[str, Any]:

@@ -11,11 +11,12 @@ from gateway.http_guard import GUARD_ENV
 
 def render_status(snapshot: QueueSnapshot, namespace: str, redis_url: str, sources: list[str],
                   stale_tenants_file: list[str] | None = None, lua_form: str = "",
-                  unguarded: list[str] | None = None) -> str:
+                  unguarded: list[str] | None = None, open_requests: dict[str, float] | None = None) -> str:
     """A plain-text view of the global queue (one consistent snapshot); ``stale_tenants_file``: the gateways
     whose tenants file failed to reload (an older one is in force); ``lua_form``: how this Redis runs the
     queue's Lua for this account ("functions" or "scripts", fleet/lua_calls.py); ``unguarded``: the gateways
-    on nodes whose Ray started without the header guard (gateway/http_guard.py)."""
+    on nodes whose Ray started without the header guard (gateway/http_guard.py); ``open_requests``: each
+    gateway's requests open now, as it last published them."""
     now = datetime.datetime.fromtimestamp((snapshot.wall_ms or snapshot.now_ms) / 1000, datetime.UTC)
     lua = f"  lua={lua_form}" if lua_form else ""
     lines = [f"fleetgate status  namespace={namespace}  redis={redis_url}{lua}  {now:%Y-%m-%d %H:%M:%S} UTC", ""]
@@ -47,7 +48,8 @@ def render_status(snapshot: QueueSnapshot, namespace: str, redis_url: str, sourc
                              "KV", "SIGNALS", "OPEN TO", "ACCEPTS", "PREFERS", "LEASE"], replica_rows)
                      if replica_rows else ["no replica registered"])
     gateways = [s.split(":", 1)[1] for s in sources if s.startswith("gateway:")]
-    lines += ["", f"gateways publishing: {len(gateways)}" + (f" ({', '.join(gateways)})" if gateways else "")]
+    shown = [g + (f": {open_requests[g]:.0f} requests open" if g in (open_requests or {}) else "") for g in gateways]
+    lines += ["", f"gateways publishing: {len(gateways)}" + (f" ({', '.join(shown)})" if gateways else "")]
     lines.append(f"tickets: {snapshot.tickets}  " +
                  "  ".join(f"{name}={count}" for name, count in sorted(snapshot.stats.items())))
     return "\n".join(lines)

@@ -6,9 +6,11 @@ import difflib
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 
 from fleet.snapshot import QueueSnapshot
-from gateway.cli import main
+from gateway.cli import _gateway_gauge, main
+from gateway.metrics import GatewayMetrics
 from gateway.status_view import render_status
 from gateway.tenants import TenantRegistry, TenantsFile
 
@@ -65,6 +67,8 @@ def test_status_view_shows_bands_tenants_replicas_gates_and_gateways() -> None:
     assert "none (slot cap)" in r1 and "600/2048" not in r1  # no signals yet: the concurrency cap
     assert all(cell in r2 for cell in ("700/512", "2+1 in flight", "0.42", "0.2s ago", "interactive"))
     assert "gateways publishing: 1 (gw-a)" in view and "granted=10" in view
+    counted = render_status(snapshot, "local", "redis://x", ["gateway:gw-a"], open_requests={"gw-a": 12.0})
+    assert "gateways publishing: 1 (gw-a: 12 requests open)" in counted
     assert "WARNING" not in view and "lua=" not in view
     assert "lua=scripts" in render_status(snapshot, "local", "redis://x", [], lua_form="scripts").splitlines()[0]
     warned = render_status(snapshot, "local", "redis://127.0.0.1:6399/0", ["gateway:gw-a"], ["gw-a"])
@@ -141,3 +145,10 @@ def test_watch_refuses_an_interval_that_would_hammer_redis(interval: str, capsys
     with pytest.raises(SystemExit) as exit_:
         main(["status", "--watch", interval])
     assert exit_.value.code == 2 and "--watch" in capsys.readouterr().err
+
+
+def test_status_reads_each_gateways_open_requests_from_what_it_published() -> None:
+    metrics = GatewayMetrics(True, 10)
+    metrics.open_requests.set(7)
+    published = [({"gateway": "gw-a"}, generate_latest(metrics.registry).decode()), ({"gateway": "gw-b"}, "")]
+    assert _gateway_gauge(published, "fleetgate_gateway_open_requests") == {"gw-a": 7.0}
