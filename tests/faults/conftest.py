@@ -1,7 +1,8 @@
 """A `serve run deploy/local.yaml` deployment of its own for the fault tests, which kill parts of it.
 
 Short leases (5 s) so a dead holder's capacity comes back quickly; its own Redis on a fixed port so a
-test can stop and restart it; anonymous access (the fault tests are not about keys).
+test can stop and restart it; anonymous access (the fault tests are not about keys). A test module may size
+its gateways with ``GATEWAY_MAX_ONGOING_REQUESTS``.
 """
 
 from __future__ import annotations
@@ -66,13 +67,17 @@ def gateways_publishing(redis_url: str) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def fleet(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+def fleet(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory,
+          request: pytest.FixtureRequest) -> Iterator[Fleet]:
     work_dir = tmp_path_factory.mktemp("faults")
+    gateway_slots = getattr(request.module, "GATEWAY_MAX_ONGOING_REQUESTS", None)
     server = RedisProcess(work_dir)
     server.start()
 
     def for_faults(args: dict) -> None:
         args["gateway"]["num_replicas"] = GATEWAYS
+        if gateway_slots is not None:
+            args["gateway"]["max_ongoing_requests"] = gateway_slots
         for pool in args["pools"]:
             pool["engine"]["max_num_seqs"] = SLOTS
         args["queue"].update({"lease_s": LEASE_S, "max_wait_s": 30})
