@@ -186,8 +186,7 @@ def _status_view(queue: Any, board: Any, shown_url: str) -> str:
 
 def _gateways_flagging(published: list[tuple[dict[str, str], str]], gauge: str) -> list[str]:
     """The gateways whose published metrics set the 0/1 ``gauge`` to 1."""
-    return [labels.get("gateway", "?") for labels, text in published
-            if re.search(rf"^{gauge} 1", text, re.MULTILINE)]
+    return [gateway for gateway, value in _gateway_gauge(published, gauge).items() if value == 1]
 
 
 def _gateway_gauge(published: list[tuple[dict[str, str], str]], gauge: str) -> dict[str, float]:

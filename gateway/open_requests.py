@@ -16,7 +16,6 @@ class OpenRequests:
     """Counts open requests by tenant for one gateway replica (one event loop: no lock)."""
 
     def __init__(self, slots: int, crowded_share: float) -> None:
-        self.slots = slots
         self._crowded = crowded_at(slots, crowded_share)
         self._held: Counter[str] = Counter()
         self.total = 0

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from fleet.snapshot import QueueSnapshot
-from gateway.cli import _gateway_gauge, main
+from gateway.cli import _gateway_gauge, _gateways_flagging, main
 from gateway.metrics import GatewayMetrics
 from gateway.status_view import render_status
 from gateway.tenants import TenantRegistry, TenantsFile
@@ -147,8 +147,13 @@ def test_watch_refuses_an_interval_that_would_hammer_redis(interval: str, capsys
     assert exit_.value.code == 2 and "--watch" in capsys.readouterr().err
 
 
-def test_status_reads_each_gateways_open_requests_from_what_it_published() -> None:
+def test_status_reads_each_gateways_gauges_from_what_it_published() -> None:
     metrics = GatewayMetrics(True, 10)
     metrics.open_requests.set(7)
     published = [({"gateway": "gw-a"}, generate_latest(metrics.registry).decode()), ({"gateway": "gw-b"}, "")]
     assert _gateway_gauge(published, "fleetgate_gateway_open_requests") == {"gw-a": 7.0}
+    metrics.header_guard_missing.set(1)
+    quiet = GatewayMetrics(True, 10)
+    published = [({"gateway": "gw-a"}, generate_latest(metrics.registry).decode()),
+                 ({"gateway": "gw-b"}, generate_latest(quiet.registry).decode())]
+    assert _gateways_flagging(published, "fleetgate_header_guard_missing") == ["gw-a"]
