@@ -38,7 +38,7 @@ from gateway.relay import SettlingStreamingResponse, relay_lines
 from gateway.body_parser import BodyParser
 from gateway.request_parsing import ClientOptions, Endpoint, ParsedRequest, read_body
 from gateway.response_headers import classification_headers
-from gateway.stages import Stages
+from gateway.stages import Stages, first_token_parts
 from replicas.base import MISROUTED, NO_GRANT
 
 logger = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ class RequestLifecycle:
         served, streaming, at_engine, apart = 0, False, [False], False
         try:
             try:
-                header, replies = await self._forward(admission.parsed, place, at_engine)
+                header, replies, call_s = await self._forward(admission.parsed, place, at_engine)
             except asyncio.CancelledError:
                 if at_engine[0]:  # work that ran is never refunded: charged what the engine did, apart
                     apart = True
@@ -138,6 +138,7 @@ class RequestLifecycle:
                 raise from_vllm_error(header["status"], header["body"])
             headers = classification_headers(admission.decision, admission.size, place.pool, place.queue_ms,
                                               self._admission.gateway_id)
+            stages.parts(first_token_parts(header.get("timings"), call_s))
             headers["server-timing"] = stages.server_timing()  # up to the engine's answer
             if not header["stream"]:
                 stages.lap("first_token")
@@ -164,10 +165,12 @@ class RequestLifecycle:
                 await settlement.settle(served)
 
     async def _forward(self, parsed: ParsedRequest, place: Admitted,
-                       at_engine: list[bool]) -> tuple[dict[str, Any], DeploymentResponseGenerator]:
+                       at_engine: list[bool]) -> tuple[dict[str, Any], DeploymentResponseGenerator, float]:
         """Start the request where its place says; a replica that is gone sends it back to be placed again.
-        ``at_engine[0]`` is True while a replica holds it."""
+        ``at_engine[0]`` is True while a replica holds it. Returns the reply's header, the rest of the reply,
+        and the seconds from the (last) call to its header."""
         while True:
+            called = self._clock()
             replies = self._pools.call(place.pool, place.replica_id, parsed, place.ticket_id, place.prompt_tokens,
                                        place.charged)
             try:
@@ -183,7 +186,7 @@ class RequestLifecycle:
                 replies.cancel()
                 raise GrantLost()
             if header["status"] != MISROUTED:
-                return header, replies
+                return header, replies, self._clock() - called
             at_engine[0] = False
             await place.requeue()
 

@@ -64,6 +64,11 @@ class GatewayMetrics:
                                "Where a request's time goes: authorise, parse, count_tokens, enqueue, wait_grant, "
                                "first_token (forward to the engine's first token), relay (first token to the end).",
                                ["stage"], buckets=STAGE_BUCKETS, registry=r)
+        self.first_token_part = Histogram(
+            "fleetgate_first_token_part_seconds",
+            "The parts of first_token, from the replica call to its reply's header: serve_hops (Ray Serve's hops to "
+            "the replica and back), grant_check, render (vLLM's serving layer), engine (to its first token).",
+            ["part"], buckets=STAGE_BUCKETS, registry=r)
         self.loop_lag = Histogram("fleetgate_event_loop_lag_seconds",
                                   "How late this gateway's event loop wakes a 50 ms sleeper: CPU starvation or a "
                                   "blocking call (P99 above ~20 ms: the gateway, not the engines, is the limit).",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Literal
@@ -37,6 +38,7 @@ class ReplicaReply(BaseModel):
     body: dict[str, Any] | None = None
     stream: bool = False
     served: int | None = None  # for an error: the tokens its engine served all the same (None: none)
+    timings: dict[str, float] | None = None  # seconds: where the replica's part of the wait went (below)
 
 
 class ReplicaBase:
@@ -120,6 +122,7 @@ class ReplicaBase:
         arguments a newer gateway passes that this release does not know, ignored, so that gateways and replicas
         of two releases work together during a rolling update.
         """
+        entered = time.monotonic()
         if granted_replica is not None and granted_replica != self.replica_id:
             yield ReplicaReply(status=MISROUTED).model_dump()
             return
@@ -129,6 +132,7 @@ class ReplicaBase:
         if ticket_id is not None and not self.outcomes.begin(ticket_id):
             yield ReplicaReply(status=GIVEN_UP).model_dump()
             return
+        grant_check = time.monotonic() - entered
         key = self.tracker.enter(prompt_tokens, ticket_id, charged)
         body["request_id"] = key  # the engine's id for it: the replica's own, never the client's
         if ticket_id is not None and self._reporter is not None:
@@ -145,6 +149,8 @@ class ReplicaBase:
                     first = False
                 elif isinstance(message, dict):
                     served = _served_in(message)
+                    if message.get("timings") is not None:  # the header: what its wait went on, here
+                        message["timings"].update(grant_check=grant_check, replica=time.monotonic() - entered)
                 yield message
         finally:
             at_cut = self._engine_at_cut.pop(key, None)

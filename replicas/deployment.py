@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from typing import Any
 
@@ -59,6 +60,7 @@ class VLLMReplica(ReplicaBase):
         from vllm.entrypoints.serve.engine.protocol import ErrorResponse
         from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
 
+        started = time.monotonic()
         try:
             if endpoint == "chat":
                 request = ChatCompletionRequest.model_validate(body)
@@ -72,16 +74,20 @@ class VLLMReplica(ReplicaBase):
         if isinstance(result, ErrorResponse):
             yield self._failed(result.model_dump(), body)
             return
-        if hasattr(result, "model_dump"):
-            yield ReplicaReply(status=200, body=result.model_dump(exclude_none=True)).model_dump()
+        rendered = time.monotonic()
+        if hasattr(result, "model_dump"):  # the whole reply: its render and its run, together
+            yield ReplicaReply(status=200, body=result.model_dump(exclude_none=True),
+                               timings={"engine": rendered - started}).model_dump()
             return
-        async for message in self._stream(result, body):
+        async for message in self._stream(result, body, {"render": rendered - started}):
             yield message
 
-    async def _stream(self, lines: AsyncGenerator[str, None],
-                      body: dict[str, Any]) -> AsyncIterator[dict[str, Any] | str]:
+    async def _stream(self, lines: AsyncGenerator[str, None], body: dict[str, Any],
+                      timings: dict[str, float]) -> AsyncIterator[dict[str, Any] | str]:
         """The reply to a stream: a failure before its first token is answered with its own status, not as a
-        200 stream (replicas/failed_replies.py)."""
+        200 stream (replicas/failed_replies.py). Its header comes with the first token, and says how long the
+        engine took to it."""
+        started = time.monotonic()
         opening: list[str] = []
         reading = asyncio.ensure_future(stream_opening(lines, opening))
         try:
@@ -94,7 +100,8 @@ class VLLMReplica(ReplicaBase):
             await lines.aclose()
             yield self._failed(error, body)
             return
-        yield ReplicaReply(status=200, stream=True).model_dump()
+        timings["engine"] = time.monotonic() - started
+        yield ReplicaReply(status=200, stream=True, timings=timings).model_dump()
         for line in opening:
             yield line
         async for line in lines:

@@ -30,7 +30,8 @@ def test_each_gateway_replica_answers_on_its_own_port(direct_urls: list[str], ap
         assert lines[-1] == "data: [DONE]" and any('"content"' in line for line in lines)
         assert reply.headers["x-fleetgate-band"] == "interactive"
         assert reply.headers["x-request-id"] == "direct-1"
-        assert {"enqueue", "wait_grant"} <= server_timing(reply.headers["server-timing"]).keys()
+        assert {"enqueue", "wait_grant", "serve_hops", "render", "engine"} <= server_timing(
+            reply.headers["server-timing"]).keys()
         gateways.add(reply.headers["x-fleetgate-gateway"])
 
         refused = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)  # no key

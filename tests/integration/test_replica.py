@@ -118,7 +118,12 @@ async def test_chat_stream_yields_sse_lines_then_done(replica) -> None:
     body = {"model": TINY_MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
             "ignore_eos": True, "stream": True}
     header, *lines = await _collect(replica, "chat", body)
+    timings = header.pop("timings")
     assert header == {"status": 200, "body": None, "stream": True, "served": None}
+    # where the replica's part of the wait went: its grant check, vLLM's render, the engine to the first token
+    assert set(timings) == {"grant_check", "render", "engine", "replica"} and min(timings.values()) >= 0
+    assert timings["engine"] > 0
+    assert timings["replica"] >= timings["grant_check"] + timings["render"] + timings["engine"]
     assert all(line.startswith("data: ") and line.endswith("\n\n") for line in lines)
     assert lines[-1] == "data: [DONE]\n\n"
     assert len(lines) >= 4

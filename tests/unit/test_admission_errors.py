@@ -1,5 +1,7 @@
 """Admission failures map to the right status, OpenAI body, Retry-After and rejection-reason header."""
 
+import time
+
 import pytest
 import redis
 
@@ -51,6 +53,7 @@ async def test_a_replica_that_finds_no_grant_is_a_retryable_503_not_a_500() -> N
     replies = _Replies({"status": NO_GRANT, "body": {"error": {"code": "no_grant", "message": "no grant"}}})
     lifecycle = object.__new__(RequestLifecycle)
     lifecycle._pools = SimpleNamespace(call=lambda *args: replies)
+    lifecycle._clock = time.monotonic
     place = SimpleNamespace(pool="latency", replica_id="r1", ticket_id="t1", prompt_tokens=3, charged=20)
     with pytest.raises(GrantLost) as caught:
         await lifecycle._forward(None, place, [False])
