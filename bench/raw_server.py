@@ -32,16 +32,14 @@ def raw_server_command(config_file: Path, pool: str, port: int,
                        flags: frozenset[str] = frozenset()) -> tuple[list[str], dict[str, str]]:
     """The command line and the environment additions of a raw vLLM server with ``pool``'s engine."""
     args = yaml.safe_load(config_file.read_text())["applications"][0]["args"]
-    config = AppConfig.model_validate(args)
+    config = AppConfig.model_validate(args).with_absolute_paths(str(REPO_ROOT))  # as `serve run` from the checkout
     chosen = next((p for p in config.pools if p.name == pool), None)
     if chosen is None:
         raise SystemExit(f"{config_file}: no pool {pool!r} (pools: {', '.join(p.name for p in config.pools)})")
     on_cpu = chosen.num_gpus == 0
     engine = chosen.engine.model_copy(update={"dtype": engine_dtype(chosen.engine.dtype, on_cpu, flags)})
-    model_path = str((REPO_ROOT / config.model.path).resolve()) if not os.path.isabs(config.model.path) \
-        else config.model.path
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *engine.to_cli_args(
-        model_path, config.model.name), "--host", "127.0.0.1", "--port", str(port)]
+        config.model.path, config.model.name), "--host", "127.0.0.1", "--port", str(port)]
     env: dict[str, str] = {}
     if engine.spin_wait_ms is not None:
         env[SPIN_MS_ENV] = str(engine.spin_wait_ms)
