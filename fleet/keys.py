@@ -35,7 +35,9 @@ FAMILIES = {
     "replica": "r:",         # a replica's capacity hash: r:<replica id>
     "replica_index": "ri:",  # replicas of a placement group (accepts|prefers|guarded) open to a band: ri:<group>:<band>
     "guarded_index": "gi:",  # those of them that may take the group's guarded classes now: gi:<group>:<band>
-    "guarded_holders": "gh:",  # replicas of a placement group holding guarded work (for its reserve): gh:<group>
+    "guarded_holders": "gh:",  # replicas of a placement group holding guarded work (it packs): gh:<group>
+    "packed_index": "pi:",   # a guarding group's open replicas, fewest free slots first (it packs): pi:<group>:<band>
+    "spare_replicas": "gs:",  # replicas of a guarding group holding no work (for its reserve): gs:<group>
     "tenant_index": "ti:",   # tenants with waiting tickets of a class, by VTC counter: ti:<band>:<class>
     "class_flows": "tcf:",   # a tenant's flows with waiting tickets of a class, by flow counter: tcf:<band>:<tenant>|<class>
     "rate": "rate:",         # a tenant's rate-limit buckets: rate:<tenant>

@@ -8,13 +8,16 @@
   fits in one step (:func:`takes_guarded`): a latency replica with no short request of its own prefills
   long prompts, chunked under its small step budget, and goes back to short work once they end. Pool
   preference stays a preference, and no replica idles while a ticket it accepts waits -- except under a
-  pool's ``reserve`` (:func:`keeps_reserve`): that many replicas of its group stay free of guarded work, so
-  the pool's own work always finds one whose steps no long prompt lengthens (small pools).
+  pool's ``reserve`` (:func:`keeps_reserve`): that many replicas of its group stay empty while others take
+  guarded work, so a burst of the pool's own work always finds one whose steps no long prompt lengthens.
 * **Scorer** (:func:`rank`, lower is better): a replica whose pool prefers the class first (a pool that
   names no preference prefers all it accepts), then one holding no guarded work (short requests keep away
   from the replicas prefilling long prompts, whose steps those prompts lengthen, while another replica can
-  take them), then the least pending work (new work goes where it starts soonest), the most free slots,
-  the smallest id.
+  take them), then the least pending work (new work goes where it starts soonest), then the most free
+  slots, the smallest id. While a replica of its group holds guarded work, the group *packs* the work it
+  is built for (:class:`GroupLoad`): the fewest free slots come first instead, so short work runs on as few
+  replicas as it needs, and the rest stay free to prefill long prompts at their guarded step. While none
+  does, short work spreads, and every step stays small.
 * **Picker** (:func:`choose_replica`): the best-ranked replica that passes the filter.
 
 So the latency pool splits itself by demand: the replicas serving short requests keep their steps short,
@@ -26,6 +29,7 @@ The gate (:mod:`policies.gate`) decides beforehand which replicas are open to th
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from policies.gate import pending
 from policies.types import ReplicaCapacity
@@ -59,48 +63,65 @@ def group_of(replica: ReplicaCapacity) -> Group:
     return replica.accepts, replica.prefers, replica.guarded
 
 
-def clean_replicas(replicas: Iterable[ReplicaCapacity]) -> dict[Group, int]:
-    """Per placement group, how many of its registered replicas hold no guarded work."""
-    clean: dict[Group, int] = {}
+@dataclass(frozen=True)
+class GroupLoad:
+    """What placement needs of a whole placement group: its ``spare`` replicas (holding no work at all: the
+    pool's reserve counts these), and whether it ``packs`` the work it is built for (a replica of it holds
+    guarded work)."""
+
+    spare: int = 0
+    packs: bool = False
+
+
+def group_loads(replicas: Iterable[ReplicaCapacity]) -> dict[Group, GroupLoad]:
+    """Each placement group's :class:`GroupLoad`, over ``replicas`` (every registered replica)."""
+    spare: dict[Group, int] = {}
+    packs: dict[Group, bool] = {}
     for replica in replicas:
-        clean[group_of(replica)] = clean.get(group_of(replica), 0) + (replica.guarded_held == 0)
-    return clean
+        group = group_of(replica)
+        spare[group] = spare.get(group, 0) + (replica.slots_free == replica.slots_total)
+        packs[group] = packs.get(group, False) or replica.guarded_held > 0
+    return {group: GroupLoad(spare[group], packs[group]) for group in spare}
 
 
-def keeps_reserve(replica: ReplicaCapacity, clean_in_group: int) -> bool:
-    """True when taking guarded work leaves ``replica``'s group its reserve of replicas free of it (one
-    already holding guarded work changes nothing; without a reserve there is nothing to keep)."""
-    return replica.guarded_held > 0 or replica.reserve == 0 or clean_in_group - 1 >= replica.reserve
+def keeps_reserve(replica: ReplicaCapacity, spare_in_group: int) -> bool:
+    """True when taking guarded work leaves ``replica``'s group its reserve of empty replicas (one already
+    holding guarded work changes nothing; without a reserve there is nothing to keep)."""
+    return replica.guarded_held > 0 or replica.reserve == 0 or spare_in_group - 1 >= replica.reserve
 
 
-def fits(replica: ReplicaCapacity, cost: int, length_class: str, clean_in_group: int | None = None) -> bool:
-    """Filter: True when ``replica`` may run a ticket of this cost and class (``clean_in_group``: how many
-    of its group hold no guarded work; None: no reserve is checked)."""
+def fits(replica: ReplicaCapacity, cost: int, length_class: str, load: GroupLoad | None = None) -> bool:
+    """Filter: True when ``replica`` may run a ticket of this cost and class (``load``: its group's; None:
+    no reserve is checked)."""
     if length_class not in replica.accepts:
         return False
     if length_class in replica.guarded and not takes_guarded(replica):
         return False
-    if length_class in replica.guarded and clean_in_group is not None and not keeps_reserve(replica, clean_in_group):
+    if length_class in replica.guarded and load is not None and not keeps_reserve(replica, load.spare):
         return False
     return replica.tokens_free >= cost or replica.slots_free == replica.slots_total
 
 
-def rank(replica: ReplicaCapacity, length_class: str) -> tuple[bool, bool, int, int, str]:
-    """Scorer: the replica's rank for the class (lower is better)."""
-    return (not prefers(replica, length_class), replica.guarded_held > 0, pending(replica), -replica.slots_free,
-            replica.replica_id)
+def rank(replica: ReplicaCapacity, length_class: str, packs: bool = False) -> tuple[bool, bool, int, int, str]:
+    """Scorer: the replica's rank for the class (lower is better; ``packs``: its group packs the work it is
+    built for, which puts the fewest free slots first for a class it does not guard)."""
+    packed = packs and length_class not in replica.guarded
+    return (not prefers(replica, length_class), replica.guarded_held > 0, pending(replica),
+            replica.slots_free if packed else -replica.slots_free, replica.replica_id)
 
 
 def choose_replica(candidates: Iterable[ReplicaCapacity], cost: int, length_class: str,
-                   clean: dict[Group, int] | None = None) -> ReplicaCapacity | None:
+                   loads: dict[Group, GroupLoad] | None = None) -> ReplicaCapacity | None:
     """Picker: the best open replica for a ticket of ``cost`` tokens and ``length_class``, or None
-    (``clean``: :func:`clean_replicas` of every registered replica, for the pools' reserves)."""
+    (``loads``: :func:`group_loads` of every registered replica, for the pools' reserves and packing)."""
     best: ReplicaCapacity | None = None
+    best_rank = None
     for replica in candidates:
-        in_group = None if clean is None else clean.get(group_of(replica), 0)
-        if fits(replica, cost, length_class, in_group) and (
-                best is None or rank(replica, length_class) < rank(best, length_class)):
-            best = replica
+        load = None if loads is None else loads.get(group_of(replica), GroupLoad())
+        if fits(replica, cost, length_class, load):
+            replica_rank = rank(replica, length_class, load is not None and load.packs)
+            if best_rank is None or replica_rank < best_rank:
+                best, best_rank = replica, replica_rank
     return best
 
 

@@ -28,7 +28,7 @@ from policies import fairness
 from policies.band_order import aging_cutoff, bands_in_order, may_age_into
 from policies.gate import is_stale, open_replicas
 from policies.ordering import Fifo
-from policies.placement import choose_replica, clean_replicas
+from policies.placement import choose_replica, group_loads
 from policies.scheduler_records import BandRecord, TenantFlows, TicketRecord
 from policies.types import (
     BandPolicy, CancelResult, CompleteResult, EngineSignals, EnqueueResult, Grant, ReplicaCapacity, RequeueResult,
@@ -350,7 +350,7 @@ class ReferenceScheduler:
         return grants
 
     def _grant_one(self) -> Grant | None:
-        clean = None  # each group's replicas free of guarded work: counted once, when a band first needs it
+        loads = None  # each group's spare replicas and whether it packs: counted once, when a band first needs it
         for band in bands_in_order(self.bands):
             state = self._state[band.name]
             if not state.tenants:
@@ -358,13 +358,13 @@ class ReferenceScheduler:
             candidates = open_replicas(self.replicas.values(), band)
             if not candidates:
                 continue
-            clean = clean if clean is not None else clean_replicas(self.replicas.values())
+            loads = loads if loads is not None else group_loads(self.replicas.values())
             for tenant in fairness.in_order(state.counters, state.tenants):
                 flows = state.tenants[tenant]
                 for flow in fairness.in_order(flows.counters, flows.queues):
                     for ticket_id in flows.queues[flow].heads():
                         ticket = self.tickets[ticket_id]
-                        replica = choose_replica(candidates, ticket.spec.cost, ticket.spec.length_class, clean)
+                        replica = choose_replica(candidates, ticket.spec.cost, ticket.spec.length_class, loads)
                         if replica is not None:
                             return self._grant(ticket, replica, state)
         return None

@@ -72,6 +72,8 @@ local function k_inbox(owner) return F.inbox .. owner end
 local function k_replica_index(group, band) return F.replica_index .. group .. ":" .. band end
 local function k_guarded_index(group, band) return F.guarded_index .. group .. ":" .. band end
 local function k_guarded_holders(group) return F.guarded_holders .. group end
+local function k_packed_index(group, band) return F.packed_index .. group .. ":" .. band end
+local function k_spare_replicas(group) return F.spare_replicas .. group end
 local function k_tenant_index(band, class) return F.tenant_index .. band .. ":" .. class end
 local function k_class_flows(band, tenant, class) return F.class_flows .. band .. ":" .. tenant .. "|" .. class end
 

@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.gate import gate_open, pending
-from policies.placement import clean_replicas, fits, group_of, takes_guarded
+from policies.placement import fits, group_loads, group_of, takes_guarded
 from policies.reference_scheduler import ReferenceScheduler
 from policies.types import BandPolicy, EngineSignals, ReplicaCapacity, TicketSpec
 
@@ -59,11 +59,11 @@ operations = st.lists(
 def _placeable(scheduler: ReferenceScheduler) -> list[tuple[str, str]]:
     """(ticket, replica) pairs where a waiting ticket could run now on a replica open to its band (and, for
     a guarded class, its group keeps its reserve)."""
-    clean = clean_replicas(scheduler.replicas.values())
+    loads = group_loads(scheduler.replicas.values())
     return [(t.spec.ticket_id, r.replica_id)
             for t in scheduler.tickets.values() if t.granted_to is None
             for r in scheduler.replicas.values()
-            if gate_open(r, LIMITS[t.band]) and fits(r, t.spec.cost, t.spec.length_class, clean[group_of(r)])]
+            if gate_open(r, LIMITS[t.band]) and fits(r, t.spec.cost, t.spec.length_class, loads[group_of(r)])]
 
 
 def _apply(scheduler: ReferenceScheduler, op: tuple, index: int, now: int) -> tuple[list, int]:
@@ -264,4 +264,32 @@ def test_with_a_reserve_of_one_the_second_latency_replica_stays_free_for_short_w
             short = scheduler.enqueue(TicketSpec("s", "b", "interactive", 50), 4, LEASE).grants
             assert [g.replica_id for g in short] == ["lat1"]
             scheduler.complete("l0", 500, 5)
-            assert [g.ticket_id for g in scheduler.report_signals("lat0", EngineSignals(), [], 6)] == ["l1"]
+            # lat1 serves short work, so lat0 is the pool's one empty replica, its reserve: l1 still waits
+            assert scheduler.report_signals("lat0", EngineSignals(), [], 6) == []
+            # the short request ends: two empty replicas, and one of them takes l1
+            scheduler.report_signals("lat1", EngineSignals(), ["s"], 7)
+            assert [(g.ticket_id, g.replica_id) for g in scheduler.complete("s", 60, 8).grants] == [("l1", "lat0")]
+
+
+def test_a_pool_packs_its_short_work_while_a_replica_of_it_prefills_long_prompts() -> None:
+    scheduler = ReferenceScheduler(BANDS, signal_stale_ms=STALE_MS)
+    for i in range(3):
+        scheduler.register_replica(ReplicaCapacity(f"lat{i}", 8, 5_000, frozenset({"short", "long"}), "latency",
+                                                   frozenset({"short"}), frozenset({"long"}), step_tokens=400), 0, LEASE)
+
+    def placed(ticket_id: str, length_class: str, now: int) -> list[str]:
+        grants = scheduler.enqueue(TicketSpec(ticket_id, "a", "interactive", 50, 1.0, length_class), now, LEASE).grants
+        for grant in grants:  # the replica receives it and starts it at once: nothing of it is pending
+            scheduler.report_signals(grant.replica_id, EngineSignals(), [grant.ticket_id], now)
+        return [g.replica_id for g in grants]
+
+    # nothing long in the pool: short work spreads, one request per replica
+    assert [placed(f"s{i}", "short", 1) for i in range(3)] == [["lat0"], ["lat1"], ["lat2"]]
+    scheduler.complete("s2", 60, 2)
+    assert placed("l", "long", 3) == ["lat2"]  # the only replica holding no short work prefills it
+    scheduler.complete("s1", 60, 4)
+    # lat1 is empty again and lat0 holds one: while lat2 prefills a long prompt, short work packs onto lat0
+    assert placed("s3", "short", 5) == ["lat0"]
+    scheduler.complete("l", 500, 6)
+    # no long prompt in the pool: short work spreads again, to the replica with the most free slots
+    assert placed("s4", "short", 7) == ["lat1"]
