@@ -89,10 +89,10 @@ class PoolConfig(BaseModel):
     )
     reserve: int = Field(
         0, ge=0,
-        description="Replicas of this pool kept free of the longer classes it takes only when idle (its guarded "
-        "classes, docs/global-queue.md), so its own work always finds a replica whose steps no long prompt "
-        "lengthens. 0: any replica holding none of its own work may take them (fully work-conserving). Worth 1 "
-        "in a small latency pool: see deploy/gpu.yaml for what it changed.",
+        description="Replicas of this pool kept empty while others take the longer classes it takes only when "
+        "idle (its guarded classes, docs/global-queue.md), so a burst of its own work always finds a replica "
+        "whose steps no long prompt lengthens. 0: any replica holding none of its own work may take them (fully "
+        "work-conserving). Worth 1 in a latency pool of up to ~16 replicas: see docs/configuration.md.",
     )
     graceful_shutdown_timeout_s: float = Field(
         DRAIN_TIMEOUT_S, ge=0, description=DRAIN_DOC.format(what="replica"),

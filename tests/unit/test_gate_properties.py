@@ -274,8 +274,9 @@ def test_with_a_reserve_of_one_the_second_latency_replica_stays_free_for_short_w
 def test_a_pool_packs_its_short_work_while_a_replica_of_it_prefills_long_prompts() -> None:
     scheduler = ReferenceScheduler(BANDS, signal_stale_ms=STALE_MS)
     for i in range(3):
-        scheduler.register_replica(ReplicaCapacity(f"lat{i}", 8, 5_000, frozenset({"short", "long"}), "latency",
-                                                   frozenset({"short"}), frozenset({"long"}), step_tokens=400), 0, LEASE)
+        replica = ReplicaCapacity(f"lat{i}", 8, 5_000, frozenset({"short", "long"}), "latency", frozenset({"short"}),
+                                  frozenset({"long"}), step_tokens=400)
+        scheduler.register_replica(replica, 0, LEASE)
 
     def placed(ticket_id: str, length_class: str, now: int) -> list[str]:
         grants = scheduler.enqueue(TicketSpec(ticket_id, "a", "interactive", 50, 1.0, length_class), now, LEASE).grants
