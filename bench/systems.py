@@ -50,7 +50,8 @@ class PoolSpec(BaseModel):
     engine: SimEngineSettings
     accepts: list[str] = Field(default_factory=lambda: ["short", "long"])
     prefers: list[str] = Field(default_factory=list)
-    reserve: int = Field(0, ge=0, description="Replicas kept free of guarded work (the pool's `reserve`).")
+    reserve: int = Field(0, ge=0,
+                         description="Replicas kept empty while others hold guarded work (the pool's `reserve`).")
     kv_tokens: int = Field(500_000, ge=1, description="KV cache size in tokens (the queue's token capacity).")
     queue_slots: int | None = Field(None, ge=1, description="Grants at once per replica (None: max_num_seqs).")
 
