@@ -9,7 +9,10 @@ the operator's side, scraping the gateway's ``/metrics`` once a second while a s
   over ``fleetgate_replica_gate_limit_tokens``: above 1 the gate is closed to every band);
 * the global queue's depth (``fleetgate_band_queue_depth``, all bands);
 * and, between the scenario's start and end, vLLM's own ``vllm:request_queue_time_seconds``: how long
-  requests waited in the engines' queues before their first step, P50 and P99 (bucket upper bounds).
+  requests waited in the engines' queues before their first step, P50 and P99 (bucket upper bounds);
+* between the same two scrapes, where the gateway's time went: each stage of a request
+  (``fleetgate_request_stage_seconds``) and each part of its wait for the first token
+  (``fleetgate_first_token_part_seconds``), P50 and P99 (bucket upper bounds).
 
 Only systems behind the gateway have that endpoint; the baselines' figures are left out.
 """
@@ -24,6 +27,8 @@ from bench.headroom import histogram_quantile, histograms
 from bench.metrics import percentile
 
 ENGINE_QUEUE_TIME = "vllm:request_queue_time_seconds"
+STAGES = "fleetgate_request_stage_seconds"
+FIRST_TOKEN_PARTS = "fleetgate_first_token_part_seconds"
 _WANTED = ("fleetgate_replica_engine_waiting", "fleetgate_replica_pending_tokens",
            "fleetgate_replica_gate_limit_tokens", "fleetgate_band_queue_depth")
 _KEPT_LINES = _WANTED + tuple(f"# TYPE {name} " for name in _WANTED)  # their samples and their types
@@ -56,6 +61,20 @@ def queue_sample(metrics_text: str) -> dict[str, Any]:
 def engine_queue_times(metrics_text: str) -> dict[float, float]:
     """vLLM's engine queue-time histogram, summed over every replica (cumulative count per upper bound)."""
     return histograms(metrics_text, ENGINE_QUEUE_TIME, lambda labels: "engines").get("engines", {})
+
+
+def stage_histograms(metrics_text: str) -> dict[str, dict[float, float]]:
+    """The gateway's stage and first-token-part histograms, by stage or part name (summed over gateways)."""
+    return {**histograms(metrics_text, STAGES, lambda labels: labels.get("stage")),
+            **histograms(metrics_text, FIRST_TOKEN_PARTS, lambda labels: labels.get("part"))}
+
+
+def stage_quantiles(before: dict[str, dict[float, float]],
+                    after: dict[str, dict[float, float]]) -> dict[str, list[float | None]]:
+    """[P50, P99] in seconds (bucket upper bounds) of each stage with samples between the two scrapes."""
+    quantiles = {name: [histogram_quantile(before.get(name, {}), buckets, q) for q in (0.5, 0.99)]
+                 for name, buckets in after.items()}
+    return {name: pair for name, pair in quantiles.items() if pair[0] is not None}
 
 
 def summarise_samples(samples: list[dict[str, Any]], before: dict[float, float],
@@ -104,9 +123,12 @@ class QueueSampler:
                                         daemon=True)
         self.samples: list[dict[str, Any]] = []
         self.before: dict[float, float] = {}
+        self.stages_before: dict[str, dict[float, float]] = {}
 
     def __enter__(self) -> "QueueSampler":
-        self.before = self._histogram()
+        text = _text(self._fetch, self._url)
+        self.before = engine_queue_times(text) if text else {}
+        self.stages_before = stage_histograms(text) if text else {}
         self._process.start()
         return self
 
@@ -118,11 +140,10 @@ class QueueSampler:
 
     def summary(self) -> dict[str, Any]:
         """Call after the ``with`` block, once the replicas have published their last metrics."""
-        return summarise_samples(self.samples, self.before, self._histogram())
-
-    def _histogram(self) -> dict[float, float]:
         text = _text(self._fetch, self._url)
-        return engine_queue_times(text) if text else {}
+        summary = summarise_samples(self.samples, self.before, engine_queue_times(text) if text else {})
+        summary["stages_s"] = stage_quantiles(self.stages_before, stage_histograms(text) if text else {})
+        return summary
 
 
 def _text(fetch: Callable[[str], str], url: str) -> str:

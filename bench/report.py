@@ -54,6 +54,7 @@ def markdown(results: dict[str, Any]) -> str:
         lines += _tail_table(scenario)
         lines += _headroom_table(scenario)
         lines += _queues_table(scenario)
+        lines += _stages_table(scenario)
         lines += _engine_time_table(scenario)
         tenants = sorted({t for summary in scenario["systems"].values() for t in summary["tenants"]})
         lines += ["", "TTFT p50 / p99 (s) per tenant:", "",
@@ -125,6 +126,29 @@ def _queues_table(scenario: dict) -> list[str]:
             "bounds, all replicas):", "",
             "| system | replica | engine waiting | pending / limit | global queue max | engine queue time |",
             "|---|---|---|---|---|---|", *rows]
+
+
+STAGE_ORDER = ("authorise", "parse", "count_tokens", "enqueue", "wait_grant", "first_token", "serve_hops",
+               "grant_check", "render", "engine", "relay")
+
+
+def _stages_table(scenario: dict) -> list[str]:
+    """Live runs behind the gateway: where its requests' time went, stage by stage (bench/engine_queue.py)."""
+    runs = {system: summary["queues"]["stages_s"] for system, summary in scenario["systems"].items()
+            if (summary.get("queues") or {}).get("stages_s")}
+    if not runs:
+        return []
+    names = sorted({name for stages in runs.values() for name in stages},
+                   key=lambda n: (STAGE_ORDER.index(n) if n in STAGE_ORDER else len(STAGE_ORDER), n))
+
+    def cell(pair: list[float | None] | None) -> str:
+        return "–" if not pair else " / ".join(f"≤{value * 1000:g}" for value in pair)
+
+    rows = [f"| {system} | " + " | ".join(cell(stages.get(name)) for name in names) + " |"
+            for system, stages in runs.items()]
+    return ["", "Where the gateway's time went (its /metrics before and after the scenario): P50 / P99 per stage, "
+            "ms, bucket upper bounds (first_token is split into serve_hops, grant_check, render and engine):", "",
+            "| system | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1), *rows]
 
 
 def _engine_time_table(scenario: dict) -> list[str]:

@@ -74,3 +74,34 @@ def test_the_report_has_a_row_per_replica_of_each_gateway_system() -> None:
     rows = [line for line in table.splitlines() if line.startswith("| gateway")]
     assert rows[0] == "| gateway | r1 | 2 / 2 | 1 / 1 | 7 | ≤0.1 s / ≤0.1 s |" and len(rows) == 2
     assert _queues_table({"systems": {"baseline": {}}}) == []
+
+
+STAGES = """# TYPE fleetgate_request_stage_seconds histogram
+fleetgate_request_stage_seconds_bucket{stage="enqueue",le="0.001"} %d
+fleetgate_request_stage_seconds_bucket{stage="enqueue",le="0.01"} %d
+fleetgate_request_stage_seconds_bucket{stage="enqueue",le="+Inf"} %d
+# TYPE fleetgate_first_token_part_seconds histogram
+fleetgate_first_token_part_seconds_bucket{part="engine",le="0.01"} %d
+fleetgate_first_token_part_seconds_bucket{part="engine",le="1.0"} %d
+fleetgate_first_token_part_seconds_bucket{part="engine",le="+Inf"} %d
+"""
+
+
+def test_each_stage_and_first_token_part_gets_its_p50_and_p99_between_the_scrapes() -> None:
+    from bench.engine_queue import stage_histograms, stage_quantiles
+
+    before = stage_histograms(STAGES % (10, 10, 10, 0, 0, 0))
+    # between the scrapes: 100 enqueues under 1 ms; 98 engine parts under 10 ms and 2 up to 1 s
+    after = stage_histograms(STAGES % (110, 110, 110, 98, 100, 100))
+    assert stage_quantiles(before, after) == {"enqueue": [0.001, 0.001], "engine": [0.01, 1.0]}
+    assert stage_quantiles(after, after) == {}  # nothing new: no row
+
+
+def test_the_report_shows_the_stages_in_request_order() -> None:
+    from bench.report import _stages_table
+
+    queues = {"stages_s": {"engine": [0.01, 1.0], "enqueue": [0.001, 0.0025]}}
+    table = _stages_table({"systems": {"baseline": {}, "gateway": {"queues": queues}}})
+    assert "| system | enqueue | engine |" in table
+    assert "| gateway | ≤1 / ≤2.5 | ≤10 / ≤1000 |" in table
+    assert _stages_table({"systems": {"baseline": {}}}) == []
