@@ -1,7 +1,8 @@
 """A pool scaled up and then down under load, the way an operator does it (`serve deploy` with the pool's
 deployment given a new ``num_replicas``): no 5xx, no stream cut, the departed replica leaves the queue's
 fleet gracefully (no lease lapses), and the ledger balances. A replica scaled away serves its streams to
-the end, however long past Ray Serve's own 20 s drain they run.
+the end, however long past Ray Serve's own 20 s drain they run (its engine is held still past those 20 s,
+so a fast host cannot finish the stream first).
 
 Slow (it starts a third vLLM replica and waits for Serve to stop one): `-m faults`.
 """
@@ -20,6 +21,7 @@ import pytest
 from tests.conftest import TINY_MODEL_NAME
 from tests.faults.conftest import REPLICAS, Fleet, replica_pids
 from tests.ledger import assert_ledger_balanced, snapshot
+from tests.support.processes import engines_stalled
 from tests.support.serve_launcher import serve_deploy
 
 pytestmark = pytest.mark.faults
@@ -166,6 +168,10 @@ def test_a_pool_scales_up_and_down_under_load_with_no_5xx_and_no_stream_cut(flee
             await asyncio.to_thread(serve_deploy, fleet.config_file, fleet.work_dir, _scale("latency", 1))
             scaled_down_at = time.monotonic()
             drain_started = (await asyncio.to_thread(snapshot, fleet.redis_url)).stats
+            # the latency engines are held still past Serve's own drain, as a busy GPU would hold a long stream:
+            # however fast this host streams, the departing replica's stream outlives those 20 s
+            with engines_stalled(["vllm-latency"]):
+                await asyncio.sleep(SERVE_DEFAULT_DRAIN_S + 5)
             await _until(lambda: len(_latency_replicas(fleet)) == 1 and len(replica_pids("vllm-latency")) == 1,
                          300, "the latency pool to scale back to one (its replica drained)")
             served = sum(outcomes.values())
