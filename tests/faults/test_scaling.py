@@ -115,10 +115,18 @@ async def _place_one_each(client: httpx.AsyncClient, fleet: Fleet, newcomer: str
                           attempts: int = 4) -> list[asyncio.Task]:
     """Two long streams, one on each latency replica (retried while a gateway's router does not list the
     newcomer yet: the streams then share a replica, and are cancelled and sent again)."""
+    received: list[int] = []
+
+    def idle_with_newcomer() -> bool:
+        """Every replica idle and the newcomer registered (a requeued grant to it takes it out of the fleet
+        until its next heartbeat), read from one snapshot, with the newcomer's count of requests received."""
+        replicas = snapshot(fleet.redis_url).replicas
+        received[:] = [r.received for r in replicas if r.replica_id == newcomer]
+        return bool(received) and all(r.slots_free == r.slots_total for r in replicas)
+
     for _ in range(attempts):
-        await _until(lambda: all(r.slots_free == r.slots_total for r in snapshot(fleet.redis_url).replicas), 60,
-                     "every replica idle")
-        received_before = next(r.received for r in _latency_replicas(fleet) if r.replica_id == newcomer)
+        await _until(idle_with_newcomer, 60, "every replica idle, the newcomer registered")
+        received_before = received[0]
         streams = [asyncio.create_task(_long_stream(client)) for _ in range(2)]
         if await _spread_one_each(streams, fleet, newcomer, received_before):
             return streams
