@@ -126,9 +126,7 @@ class QueueSampler:
         self.stages_before: dict[str, dict[float, float]] = {}
 
     def __enter__(self) -> "QueueSampler":
-        text = _text(self._fetch, self._url)
-        self.before = engine_queue_times(text) if text else {}
-        self.stages_before = stage_histograms(text) if text else {}
+        self.before, self.stages_before = self._histograms()
         self._process.start()
         return self
 
@@ -140,10 +138,15 @@ class QueueSampler:
 
     def summary(self) -> dict[str, Any]:
         """Call after the ``with`` block, once the replicas have published their last metrics."""
-        text = _text(self._fetch, self._url)
-        summary = summarise_samples(self.samples, self.before, engine_queue_times(text) if text else {})
-        summary["stages_s"] = stage_quantiles(self.stages_before, stage_histograms(text) if text else {})
+        engine_queue, stages = self._histograms()
+        summary = summarise_samples(self.samples, self.before, engine_queue)
+        summary["stages_s"] = stage_quantiles(self.stages_before, stages)
         return summary
+
+    def _histograms(self) -> tuple[dict[float, float], dict[str, dict[float, float]]]:
+        """One scrape's engine queue-time histogram and stage histograms (a failed scrape: both empty)."""
+        text = _text(self._fetch, self._url)
+        return engine_queue_times(text), stage_histograms(text)
 
 
 def _text(fetch: Callable[[str], str], url: str) -> str:
